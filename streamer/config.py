@@ -1,0 +1,168 @@
+"""Typed settings for every layer, and the one place where environment variables map onto them.
+
+Each dataclass is frozen: configuration flows down, nothing mutates it at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which Whisper to load and where to run it."""
+
+    model: str = "tiny.en"
+    """`tiny.en` (embedded, offline), `base` (the `[base]` extra), a local directory
+    (CTranslate2 bundle or Hugging Face checkpoint) or a Hugging Face hub id."""
+    device: str = "auto"
+    """`auto` picks CUDA when available, else the CPU."""
+    dtype: str = "auto"
+    """`auto` is float32 on the CPU and float16 on CUDA; `float16`, `bfloat16`, `float32`."""
+    precision: str = "full_fp16"
+    """Kernel preset on CUDA (`full_fp16`, `mixed_fp8`, `aggressive_fp8`); ignored on the CPU."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Continuous-batching limits. `None` sizes a limit from the device (VRAM budget or CPU)."""
+
+    max_slots: int | None = None
+    """Decoder slots (live sequences at once); each holds its self- and cross-attention K/V."""
+    max_encoder_batch: int | None = None
+    """Windows encoded together in one engine step."""
+    max_queue: int = 4096
+    """Queued windows beyond which `add()` refuses new work (HTTP 429 / stream error)."""
+    max_new_tokens: int = 224
+    """Token limit per window: Whisper's context is 448 and half of it is for the prompt."""
+    vram_limit_gb: float | None = None
+    """Cap on this process's GPU memory; slots and encoder batches are sized to fit."""
+    cuda_graphs: bool = True
+    """Capture the decoder step as CUDA graphs per batch bucket (CUDA only)."""
+
+
+@dataclass(frozen=True)
+class VADConfig:
+    """silero-vad hysteresis for cutting utterances out of a live stream."""
+
+    threshold: float = 0.5
+    """Speech probability at which speech starts."""
+    neg_threshold: float | None = None
+    """Probability under which speech may end; default `threshold - 0.15`."""
+    min_silence_ms: int = 500
+    """Silence that must follow speech before the utterance ends."""
+    speech_pad_ms: int = 200
+    """Audio kept before the detected start and after the detected end."""
+    min_speech_ms: int = 200
+    """Shorter bursts are dropped as noise."""
+    max_utterance_s: float = 28.0
+    """Longer speech is cut at the quietest point of its last seconds (Whisper sees 30 s)."""
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """Per-stream behaviour; a client's start message may override these."""
+
+    vad: VADConfig = field(default_factory=VADConfig)
+    partials: bool = True
+    """Send provisional results while the person speaks."""
+    partial_interval_s: float = 0.5
+    """New speech between two partial submissions."""
+    language: str | None = None
+    """None detects the language (multilingual models only)."""
+    task: str = "transcribe"
+    """`transcribe` or `translate` (to English)."""
+    condition_on_previous: bool = True
+    """Prompt each utterance with the previous final text."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The gateway."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    """When set, every request needs `Authorization: Bearer KEY` or `?api_key=KEY`."""
+    max_sessions: int = 256
+    """Concurrent live streams; more are refused politely."""
+    idle_timeout_s: float = 60.0
+    """A stream that sends nothing for this long is closed."""
+    max_message_bytes: int = 1 << 20
+    """Largest WebSocket message accepted."""
+    max_upload_mb: float = 200.0
+    """Largest file accepted by the file endpoints."""
+    max_audio_s: float = 4 * 3600.0
+    """Longest recording accepted by the file endpoints."""
+    mode: str = "fast"
+    """Default long-form mode of the file endpoints: `fast` or `accurate`."""
+    shutdown_grace_s: float = 10.0
+    """On shutdown, time given to open streams to receive their finals."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+# Environment variable -> (section, field). The only place env vars are read.
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "MODEL_ID": ("model", "model"),
+    "DEVICE": ("model", "device"),
+    "DTYPE": ("model", "dtype"),
+    "PRECISION": ("model", "precision"),
+    "MAX_SLOTS": ("engine", "max_slots"),
+    "MAX_ENCODER_BATCH": ("engine", "max_encoder_batch"),
+    "MAX_QUEUE": ("engine", "max_queue"),
+    "VRAM_LIMIT_GB": ("engine", "vram_limit_gb"),
+    "CUDA_GRAPHS": ("engine", "cuda_graphs"),
+    "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
+    "HOST": ("server", "host"),
+    "PORT": ("server", "port"),
+    "API_KEY": ("server", "api_key"),
+    "MAX_SESSIONS": ("server", "max_sessions"),
+    "IDLE_TIMEOUT_S": ("server", "idle_timeout_s"),
+    "MAX_UPLOAD_MB": ("server", "max_upload_mb"),
+    "MAX_AUDIO_S": ("server", "max_audio_s"),
+    "MODE": ("server", "mode"),
+}
+
+
+def _coerce(value: str, kind: Any) -> Any:
+    kind = str(kind)
+    if value == "" and "None" in kind:
+        return None
+    if kind.startswith("bool"):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if kind.startswith("int"):
+        return int(value)
+    if kind.startswith("float"):
+        return float(value)
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Mapping[str, Any]) -> Settings:
+    """Defaults, then environment variables, then explicit overrides (CLI flags) per section.
+
+    `load_settings(server={"port": 9000})` overrides one field; `None` values are ignored so
+    that unset CLI flags fall through to the environment.
+    """
+    env = os.environ if env is None else env
+    settings = Settings()
+    sections: dict[str, dict[str, Any]] = {name: {} for name in ("model", "engine", "streaming", "server")}
+    for var, (section, name) in ENV_VARS.items():
+        if var in env:
+            kind = {f.name: f.type for f in dataclasses.fields(getattr(settings, section))}[name]
+            try:
+                sections[section][name] = _coerce(env[var], kind)
+            except ValueError as e:
+                raise ValueError(f"environment variable {var}={env[var]!r}: {e}") from None
+    for section, values in overrides.items():
+        sections[section].update({k: v for k, v in values.items() if v is not None})
+    return Settings(**{s: dataclasses.replace(getattr(settings, s), **v) for s, v in sections.items()})

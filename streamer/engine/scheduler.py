@@ -181,7 +181,8 @@ class Scheduler:
         self._queued[request.id] = request
         if request.priority is Priority.PARTIAL and request.session_id is not None:
             self._queued_partial[request.session_id] = request
-        heapq.heappush(self._heaps[request.priority], (request.deadline, request.arrival, next(self._sequence), request))
+        entry = (request.deadline, request.arrival, next(self._sequence), request)
+        heapq.heappush(self._heaps[request.priority], entry)
         self._heap_entries += 1
         if self._heap_entries > 2 * len(self._queued) + 64:
             self._compact()

@@ -1,0 +1,316 @@
+"""Audio in: any file PyAV reads, or raw PCM chunks of a live stream, to float32 16 kHz mono.
+
+Files go through `decode_audio` (with size and duration limits checked as early as possible);
+live PCM goes through `StreamResampler`, which keeps the resampler's state across chunks.
+Bad input raises `AudioDecodeError` only: a `ValueError` whose message names the file and says
+what is wrong in plain words, fit to hand back to a client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import wave
+from fractions import Fraction
+from typing import BinaryIO, Iterator
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 16000
+"""Whisper's input rate; everything leaves this module at this rate."""
+
+BATCH_SECONDS = 1.0
+"""Decoded frames are gathered this long before resampling: one resampler call per 20-ms Opus
+frame costs about as much as the decoding itself (6-min Opus file: decoding alone 0.43 s,
+resampling each frame 0.91 s in all, batched 0.61 s)."""
+
+_PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4")}
+"""Raw PCM encodings a live stream may send, as little-endian numpy types."""
+
+_MIN_RATE, _MAX_RATE = 8000, 192000
+_MAX_CHANNELS = 8
+
+Source = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO
+
+
+class AudioDecodeError(ValueError):
+    """Input that is not usable audio. `str(error)` is `"<name>: <reason>"`."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        """The file name, "upload" for a nameless file object, "<bytes>" for bytes."""
+        self.reason = reason
+        """What is wrong, in plain words (e.g. "empty file", "corrupt data at 1.2 s")."""
+
+
+def decode_audio(
+    source: Source,
+    *,
+    max_seconds: float | None = None,
+    max_bytes: int | None = None,
+    name: str | None = None,
+) -> np.ndarray:
+    """Decode the main audio stream of `source` to float32 mono at 16 kHz, shape [N].
+
+    `source` is a path, the file's bytes, or a binary file object (read from its start).
+    Over `max_bytes` is refused before anything is decoded; over `max_seconds` is refused
+    up front when the container declares its duration, else as soon as decoding passes it.
+    `name` replaces the file name in error messages.
+    """
+    data, name = _prepare(source, name, max_bytes)
+    with _open(data, name) as container:
+        stream = _audio_stream(container, name)
+        declared = _declared_duration(container, stream)
+        if max_seconds is not None and declared is not None and declared > max_seconds:
+            raise AudioDecodeError(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit")
+        converter = _MonoConverter()
+        decoded_s = 0.0
+        position_s = 0.0
+        try:
+            for packet in container.demux(stream):
+                if packet.pts is not None and packet.time_base is not None:
+                    position_s = float(packet.pts * packet.time_base)
+                for frame in packet.decode():
+                    decoded_s += frame.samples / frame.sample_rate
+                    converter.add(frame)
+                if max_seconds is not None and decoded_s > max_seconds:
+                    raise AudioDecodeError(name, f"longer than the {max_seconds:g} s limit")
+            audio = converter.finish()
+        except AudioDecodeError:
+            raise
+        except (av.error.FFmpegError, ValueError, OSError, EOFError) as e:
+            raise AudioDecodeError(name, f"corrupt data at {position_s:.1f} s ({_plain(e)})") from None
+    if audio.size == 0:
+        raise AudioDecodeError(name, "no audio data (truncated or corrupt)")
+    return audio
+
+
+def probe_duration(source: Source, *, name: str | None = None) -> float | None:
+    """The duration in seconds that the container declares, without decoding; None if unknown.
+
+    Some containers estimate it (MP3 without a VBR header: from the bit rate), so treat it as a
+    cheap first check; `decode_audio(max_seconds=...)` enforces the limit exactly.
+    """
+    data, name = _prepare(source, name, None)
+    with _open(data, name) as container:
+        return _declared_duration(container, _audio_stream(container, name))
+
+
+def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
+    """Little-endian PCM (`pcm_s16le` or `pcm_f32le`) to float32 in [-1, 1], interleaved as given."""
+    dtype = _pcm_dtype(encoding)
+    if len(data) % dtype.itemsize:
+        raise ValueError(f"{len(data)} bytes of {encoding} is not a whole number of {dtype.itemsize}-byte samples")
+    samples = np.frombuffer(data, dtype=dtype)
+    if dtype.kind == "i":
+        return samples.astype(np.float32) / 32768.0
+    return samples.astype(np.float32)
+
+
+class StreamResampler:
+    """Live PCM chunks of one stream to 16 kHz mono float32, with resampler state across chunks.
+
+    Chunks are interleaved little-endian PCM at `rate` Hz with `channels` channels; a chunk may
+    end anywhere, even inside a sample (the rest waits for the next chunk). Channels are
+    averaged (raw PCM carries no channel layout to mix by), then resampled with libswresample.
+    """
+
+    def __init__(self, rate: int, channels: int = 1, encoding: str = "pcm_s16le") -> None:
+        if not _MIN_RATE <= rate <= _MAX_RATE:
+            raise ValueError(f"sample rate {rate} Hz is outside {_MIN_RATE}..{_MAX_RATE} Hz")
+        if not 1 <= channels <= _MAX_CHANNELS:
+            raise ValueError(f"{channels} channels is outside 1..{_MAX_CHANNELS}")
+        self.rate = rate
+        self.channels = channels
+        self.encoding = encoding
+        self._frame_bytes = _pcm_dtype(encoding).itemsize * channels
+        self._pending = b""  # bytes of an incomplete sample frame at the end of the last chunk
+        self._resampler = self._new_resampler()
+        self._pts = 0  # input samples pushed so far, the timestamp of the next frame
+
+    def push(self, data: bytes) -> np.ndarray:
+        """Convert the next chunk; returns the 16 kHz samples ready so far (may be empty)."""
+        data = self._pending + data
+        whole = len(data) - len(data) % self._frame_bytes
+        self._pending = data[whole:]
+        samples = pcm_to_float(data[:whole], self.encoding)
+        mono = samples.reshape(-1, self.channels).mean(axis=1, dtype=np.float32) if self.channels > 1 else samples
+        if self._resampler is None or mono.size == 0:
+            return mono
+        frame = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
+        frame.sample_rate = self.rate
+        frame.time_base = Fraction(1, self.rate)
+        frame.pts = self._pts
+        self._pts += mono.size
+        return _frames_to_array(self._resampler.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        """End the stream: return the resampler's last samples and reset for a new stream.
+
+        An incomplete sample left at the end is dropped.
+        """
+        tail = np.zeros(0, np.float32) if self._resampler is None else _frames_to_array(self._resampler.resample(None))
+        self._pending = b""
+        self._resampler = self._new_resampler()
+        self._pts = 0
+        return tail
+
+    def _new_resampler(self) -> av.AudioResampler | None:
+        if self.rate == SAMPLE_RATE:
+            return None
+        return av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+
+
+def write_wav(path: str | os.PathLike, audio: np.ndarray, rate: int = SAMPLE_RATE) -> None:
+    """Write float audio in [-1, 1], shape [N] or [N, channels], as 16-bit PCM WAV."""
+    audio = np.asarray(audio, dtype=np.float32)
+    channels = 1 if audio.ndim == 1 else audio.shape[1]
+    # The inverse of pcm_to_float (x / 32768), so that write then decode gives back the samples.
+    pcm = np.clip((audio * 32768.0).round(), -32768, 32767).astype("<i2")
+    with wave.open(os.fspath(path), "wb") as f:
+        f.setnchannels(channels)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(pcm.tobytes())
+
+
+class _MonoConverter:
+    """Decoded frames of any format, layout and rate -> one float32 16 kHz mono array.
+
+    Frames wait in a FIFO until about `BATCH_SECONDS` are there, then go through the resampler
+    together. A change of format mid-stream (chained Ogg, a new layout) flushes the old
+    resampler and starts a new one.
+    """
+
+    def __init__(self) -> None:
+        self._chunks: list[np.ndarray] = []
+        self._key: tuple[str, str, int] | None = None
+        self._fifo: av.AudioFifo | None = None
+        self._resampler: av.AudioResampler | None = None
+
+    def add(self, frame: av.AudioFrame) -> None:
+        key = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if key != self._key:
+            self._drain()
+            self._key = key
+            self._fifo = av.AudioFifo()
+            # 16-bit output makes libswresample normalise its mixdown (stereo: (L + R) / 2; float
+            # output would give 0.707 * (L + R), which clips) and matches `ffmpeg -ac 1 -f s16le`,
+            # which openai-whisper's load_audio uses. 16 bits lose nothing a speech model hears.
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        frame.pts = None  # the FIFO insists on gapless timestamps; only the samples matter here
+        self._fifo.write(frame)
+        if self._fifo.samples >= BATCH_SECONDS * frame.sample_rate:
+            self._chunks.append(_frames_to_array(self._resampler.resample(self._fifo.read())))
+
+    def finish(self) -> np.ndarray:
+        self._drain()
+        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+
+    def _drain(self) -> None:
+        if self._fifo is None:
+            return
+        if self._fifo.samples:
+            self._chunks.append(_frames_to_array(self._resampler.resample(self._fifo.read())))
+        self._chunks.append(_frames_to_array(self._resampler.resample(None)))
+        self._fifo = self._resampler = self._key = None
+
+
+def _frames_to_array(frames: list[av.AudioFrame]) -> np.ndarray:
+    """Packed mono frames (`flt` or `s16`) -> float32 [N]."""
+    if not frames:
+        return np.zeros(0, np.float32)
+    samples = np.concatenate([f.to_ndarray()[0] for f in frames])
+    if samples.dtype == np.int16:
+        return samples.astype(np.float32) / 32768.0
+    return samples
+
+
+def _prepare(source: Source, name: str | None, max_bytes: int | None) -> tuple[str | BinaryIO, str]:
+    """Check the size of `source` and return what `av.open` should read, and the name for errors."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        name = name or "<bytes>"
+        content = bytes(source)
+        size = len(content)
+        data: str | BinaryIO = io.BytesIO(content)
+    elif isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        name = name or os.path.basename(path) or path
+        try:
+            if os.path.isdir(path):
+                raise AudioDecodeError(name, "is a folder, not a file")
+            size = os.path.getsize(path)
+        except OSError as e:
+            raise AudioDecodeError(name, f"cannot open ({e.strerror or e})") from None
+        data = path
+    else:
+        name = name or os.path.basename(str(getattr(source, "name", "") or "")) or "upload"
+        if getattr(source, "seekable", lambda: False)():
+            size = source.seek(0, io.SEEK_END)
+            source.seek(0)
+            data = source
+        else:  # PyAV needs to seek in most containers: keep it in memory, but never past the limit
+            content = source.read(-1 if max_bytes is None else max_bytes + 1)
+            size = len(content)
+            data = io.BytesIO(content)
+    if size == 0:
+        raise AudioDecodeError(name, "empty file")
+    if max_bytes is not None and size > max_bytes:
+        raise AudioDecodeError(name, f"{_size(size)}, larger than the {_size(max_bytes)} limit")
+    return data, name
+
+
+@contextlib.contextmanager
+def _open(data: str | BinaryIO, name: str) -> Iterator[av.container.InputContainer]:
+    """`av.open` for reading, with its errors turned into `AudioDecodeError`."""
+    try:
+        container = av.open(data, mode="r", metadata_errors="ignore")
+    except av.error.InvalidDataError:
+        raise AudioDecodeError(name, "not an audio file (unrecognised or corrupt data)") from None
+    except EOFError:  # av.error.EOFError is one too
+        raise AudioDecodeError(name, "not an audio file (data ends before any audio; truncated?)") from None
+    except (av.error.FFmpegError, ValueError, OSError) as e:
+        raise AudioDecodeError(name, f"cannot open ({_plain(e)})") from None
+    try:
+        yield container
+    finally:
+        container.close()
+
+
+def _audio_stream(container: av.container.InputContainer, name: str) -> av.audio.stream.AudioStream:
+    stream = container.streams.best("audio")
+    if stream is None:
+        raise AudioDecodeError(name, "not an audio file (no audio stream)")
+    if stream.codec_context is None:
+        raise AudioDecodeError(name, "unsupported audio codec (no decoder for it)")
+    return stream
+
+
+def _declared_duration(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:
+    if container.duration is not None and container.duration > 0:
+        return container.duration / av.time_base
+    if stream.duration is not None and stream.time_base is not None and stream.duration > 0:
+        return float(stream.duration * stream.time_base)
+    return None
+
+
+def _pcm_dtype(encoding: str) -> np.dtype:
+    if encoding not in _PCM_DTYPES:
+        raise ValueError(f"PCM encoding {encoding!r} is not one of {', '.join(_PCM_DTYPES)}")
+    return _PCM_DTYPES[encoding]
+
+
+def _size(n: int) -> str:
+    if n >= 2**20:
+        return f"{n / 2**20:.4g} MB"
+    if n >= 2**10:
+        return f"{n / 2**10:.4g} KB"
+    return f"{n} bytes"
+
+
+def _plain(error: Exception) -> str:
+    """FFmpeg's own words for an error, without errno and file noise."""
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__

@@ -1,0 +1,46 @@
+"""Whisper's log-mel spectrogram in torch, on whichever device the audio is.
+
+Matches transformers' `WhisperFeatureExtractor` (audio zero-padded to 30 s, then STFT): the
+encoder always sees a full window; running it on shorter inputs makes the decoder loop.
+On CUDA the power/mel/log tail runs as one fused kernel (`cuda_ops.mel`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16000
+N_FFT = 400  # 25 ms window
+HOP_LENGTH = 160  # 10 ms hop: 100 frames per second
+CHUNK_LENGTH = 30  # seconds per window
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames per window
+
+
+def pad_or_trim(audio: torch.Tensor, length: int = N_SAMPLES) -> torch.Tensor:
+    """Zero-pad or cut the last dimension to `length` samples."""
+    n = audio.shape[-1]
+    if n > length:
+        return audio[..., :length]
+    if n < length:
+        return torch.nn.functional.pad(audio, (0, length - n))
+    return audio
+
+
+def log_mel_spectrogram(audio: torch.Tensor | np.ndarray | list, n_mels: int = 80,
+                        device: str | torch.device | None = None) -> torch.Tensor:
+    """[B, n_mels, 3000] float32 features of a batch of ≤ 30-s clips (1-D input gives B = 1).
+
+    A list may hold clips of different lengths; each is padded to 30 s with silence.
+    """
+    from cuda_ops.mel import log_mel
+
+    if isinstance(audio, list):
+        audio = torch.stack([pad_or_trim(torch.as_tensor(a, dtype=torch.float32)) for a in audio])
+    audio = torch.as_tensor(audio, dtype=torch.float32)
+    if device is not None:
+        audio = audio.to(device)
+    if audio.dim() == 1:
+        audio = audio[None]
+    return log_mel(pad_or_trim(audio), n_mels)

@@ -1,0 +1,243 @@
+"""Executes engine steps on the model: batched features + encoder + prefill for admitted windows,
+then one decoder step for every live sequence over preallocated slots.
+
+Live sequences always occupy slots `[0, n)`: when one leaves, the last one moves into its slot.
+A decoder step is then a view of the first n slots, which is what a CUDA graph per batch bucket
+needs (static addresses); moving one slot costs one copy of its K/V, once per finished sequence.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from streamer.audio.features import log_mel_spectrogram
+from streamer.model.decoding import LogitRules, SamplerState
+from streamer.model.weights import LoadedModel
+from streamer.model.whisper import KVCache
+
+# Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
+GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+@dataclass
+class Sequence:
+    """A live decoding sequence in a slot (host-side bookkeeping)."""
+
+    request: object  # engine.request.Request
+    initial: list[int]  # prompt + start-of-transcript tokens fed before sampling
+    sot_index: int
+    language: str
+    max_new: int
+    no_speech_prob: float = 0.0
+    tokens: list[int] = field(default_factory=list)  # sampled so far
+    sum_logprob: float = 0.0
+    done: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+
+@dataclass
+class StepResult:
+    encoded: list[str] = field(default_factory=list)
+    tokens: list[tuple[str, int]] = field(default_factory=list)  # (request id, sampled token)
+    finished: list[Sequence] = field(default_factory=list)
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+
+
+class Runner:
+    def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tok = loaded.tokenizer
+        self.dims = loaded.dims
+        p = next(self.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.n_slots = n_slots
+        self.max_new_tokens = max_new_tokens
+        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype)
+        self.state = SamplerState.allocate(n_slots, self.device)
+        self.rules = LogitRules(self.tok, self.dims.n_vocab, loaded.suppress_tokens, loaded.begin_suppress_tokens, self.device)
+        self.tokens_in = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self.slots: list[Sequence] = []
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.noise = None
+        lang_ids = sorted(self.tok.language_tokens.values())
+        self.language_ids = torch.tensor(lang_ids, device=self.device)
+
+    @property
+    def live(self) -> int:
+        return len(self.slots)
+
+    # --- one engine step ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self, encode: list, released: list[str] = ()) -> StepResult:
+        """Drop `released` sequences, decode one token for every live one, then admit `encode`."""
+        out = StepResult()
+        for rid in released:
+            for i, seq in enumerate(self.slots):
+                if seq.id == rid:
+                    self._remove(i)
+                    break
+        if self.slots:
+            t0 = time.perf_counter()
+            n = len(self.slots)
+            any_hot = any(s.request.temperature > 0 for s in self.slots)
+            tokens, logprobs = self._decode(n, any_hot)
+            self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), out)
+            out.decode_s = time.perf_counter() - t0
+        if encode:
+            t0 = time.perf_counter()
+            self._admit(encode, out)
+            out.encode_s = time.perf_counter() - t0
+        return out
+
+    def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], out: StepResult) -> None:
+        finished = []
+        for row, token, logprob in zip(rows, tokens, logprobs):
+            seq = self.slots[row]
+            seq.tokens.append(token)
+            seq.sum_logprob += logprob
+            out.tokens.append((seq.id, token))
+            position = len(seq.initial) + len(seq.tokens)
+            if token == self.tok.eot or len(seq.tokens) >= seq.max_new or position >= self.dims.n_text_ctx:
+                seq.done = True
+                finished.append(row)
+        for row in sorted(finished, reverse=True):
+            out.finished.append(self.slots[row])
+            self._remove(row)
+
+    def _remove(self, row: int) -> None:
+        last = len(self.slots) - 1
+        if row != last:
+            self.cache.move(last, row)
+            self.state.move(last, row)
+            self.tokens_in[row] = self.tokens_in[last]
+            self.positions[row] = self.positions[last]
+            self.slots[row] = self.slots[last]
+        self.slots.pop()
+
+    # --- decoder step -------------------------------------------------------------------------------
+
+    def _decode_rows(self, b: int, noise) -> tuple[torch.Tensor, torch.Tensor]:
+        dec = self.model.decoder
+        hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache)
+        tokens, logprobs = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise)
+        self.state.advance(tokens, self.tok.timestamp_begin)
+        self.tokens_in[:b] = tokens
+        # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.
+        self.positions[:b] = (self.positions[:b] + 1).clamp_max(self.dims.n_text_ctx - 1)
+        return tokens, logprobs
+
+    def _decode(self, n: int, any_hot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.use_graphs:
+            noise = torch.rand(n, self.dims.n_vocab, device=self.device) if any_hot else None
+            tokens, logprobs = self._decode_rows(n, noise)
+            return tokens.cpu(), logprobs.float().cpu()
+        b = next(x for x in GRAPH_BUCKETS if x >= n) if n <= GRAPH_BUCKETS[-1] else n
+        if self.noise is None:
+            self.noise = torch.full((self.n_slots, self.dims.n_vocab), 0.5, device=self.device)
+        if any_hot:
+            self.noise[:b].uniform_()
+        if b not in self.graphs:
+            self.graphs[b] = self._capture(b)
+        graph, tokens, logprobs = self.graphs[b]
+        graph.replay()
+        return tokens[:n].cpu(), logprobs[:n].float().cpu()
+
+    def _capture(self, b: int):
+        """Capture one decoder step over rows [0, b) as a CUDA graph (state saved and restored)."""
+        saved = [t.clone() for t in (self.tokens_in, self.positions)] + \
+                [getattr(self.state, f).clone() for f in self.state.__dataclass_fields__]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (allocations, kernel selection)
+                self._decode_rows(b, self.noise[:b])
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tokens, logprobs = self._decode_rows(b, self.noise[:b])
+        self.tokens_in.copy_(saved[0])
+        self.positions.copy_(saved[1])
+        for f, t in zip(self.state.__dataclass_fields__, saved[2:]):
+            getattr(self.state, f).copy_(t)
+        return graph, tokens, logprobs
+
+    # --- admission: encoder, language detection, prefill ---------------------------------------------
+
+    def _admit(self, requests: list, out: StepResult) -> None:
+        k, lo = len(requests), len(self.slots)
+        if lo + k > self.n_slots:
+            raise RuntimeError(f"{lo + k} sequences for {self.n_slots} slots: the scheduler over-admitted")
+        dec = self.model.decoder
+        feats = [r.features for r in requests]
+        if all(f is None for f in feats):
+            mel = log_mel_spectrogram([r.audio for r in requests], self.dims.n_mels, device=self.device)
+        else:
+            mel = torch.stack([torch.as_tensor(f) if f is not None else
+                               log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
+        audio_features = self.model.encoder(mel.to(self.dtype))
+        dec.write_cross_kv(audio_features, self.cache, lo)
+
+        languages = self._languages(requests, lo)
+        seqs = []
+        for r, language in zip(requests, languages):
+            opts = r.options
+            prompt = self.tok.prompt_tokens(opts.prompt, self.dims.n_text_ctx // 2)
+            initial = prompt + self.tok.sot_sequence(language, opts.task, opts.timestamps)
+            if opts.prefix:
+                initial += self.tok.encode(" " + opts.prefix.strip())
+            limit = opts.max_new_tokens or self.max_new_tokens
+            seqs.append(Sequence(r, initial, len(prompt), language, min(limit, self.dims.n_text_ctx - len(initial))))
+
+        length = max(len(s.initial) for s in seqs)
+        tokens = torch.full((k, length), self.tok.eot, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            tokens[i, :len(s.initial)] = torch.tensor(s.initial)
+        tokens = tokens.to(self.device)
+        positions = torch.arange(length, device=self.device).expand(k, length)
+        hidden = dec(tokens, positions, lo, self.cache)
+        rows = torch.arange(k, device=self.device)
+        last = torch.tensor([len(s.initial) - 1 for s in seqs], device=self.device)
+        sot = torch.tensor([s.sot_index for s in seqs], device=self.device)
+        logits = dec.logits(hidden[rows, last])
+        no_speech = dec.logits(hidden[rows, sot]).softmax(-1)[:, self.tok.no_speech].tolist()
+
+        rs = slice(lo, lo + k)
+        self.state.reset(rs, [r.options.timestamps for r in requests], [r.temperature for r in requests])
+        hot = any(r.temperature > 0 for r in requests)
+        noise = torch.rand(k, self.dims.n_vocab, device=self.device) if hot else None
+        sampled, logprobs = self.rules.sample(logits, self.state.rows(rs), noise)
+        self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)
+        self.tokens_in[rs] = sampled
+        self.positions[rs] = last + 1
+        for s, p in zip(seqs, no_speech):
+            s.no_speech_prob = p
+        self.slots.extend(seqs)
+        out.encoded.extend(r.id for r in requests)
+        self._record(list(range(lo, lo + k)), sampled.tolist(), logprobs.float().tolist(), out)
+
+    def _languages(self, requests: list, lo: int) -> list[str]:
+        """The requested language, or the likeliest one from the logits after `<|startoftranscript|>`."""
+        if not self.tok.multilingual:
+            return ["en"] * len(requests)
+        detect = [i for i, r in enumerate(requests) if r.options.language is None]
+        languages = [r.options.language for r in requests]
+        if detect:
+            k = len(requests)
+            tokens = torch.full((k, 1), self.tok.sot, dtype=torch.long, device=self.device)
+            positions = torch.zeros(k, 1, dtype=torch.long, device=self.device)
+            logits = self.model.decoder.logits(self.model.decoder(tokens, positions, lo, self.cache)[:, 0])
+            best = self.language_ids[logits[:, self.language_ids].argmax(-1)].tolist()
+            for i in detect:
+                languages[i] = self.tok.language_of_token[best[i]]
+        return languages

@@ -1,0 +1,202 @@
+"""Whisper as plain `nn.Module`s: an audio encoder and a text decoder over preallocated caches.
+
+No I/O, no scheduling. The decoder reads and writes a `KVCache` of fixed-size slots: each live
+sequence owns one slot holding its self-attention K/V (up to `n_text_ctx` positions) and the
+cross-attention K/V of its window (computed once, right after the encoder). A decoder call works
+on a contiguous range of slots `[start, start + B)`, so that a batch is a view, never a gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    n_mels: int
+    n_audio_ctx: int  # encoder frames per 30-s window (1500)
+    n_audio_state: int
+    n_audio_head: int
+    n_audio_layer: int
+    n_vocab: int
+    n_text_ctx: int  # decoder positions (448)
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_text_state // self.n_text_head
+
+
+def _split_heads(x: Tensor, n_head: int) -> Tensor:
+    # x: [B, T, D] -> [B, H, T, Dh]
+    b, t, d = x.shape
+    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    # x: [B, H, T, Dh] -> [B, T, D]
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.attn_ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)  # the key bias is zero in Whisper; fused for one GEMM
+        self.attn_out = nn.Linear(d, d)
+        self.mlp_ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [B, T, D]
+        q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
+        a = F.scaled_dot_product_attention(*(_split_heads(t, self.n_head) for t in (q, k, v)))
+        x = x + self.attn_out(_merge_heads(a))
+        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        d = dims.n_audio_state
+        self.conv1 = nn.Conv1d(dims.n_mels, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        self.register_buffer("positional_embedding", torch.zeros(dims.n_audio_ctx, d))
+        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head) for _ in range(dims.n_audio_layer))
+        self.ln_post = nn.LayerNorm(d)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        # mel: [B, n_mels, 3000] -> [B, 1500, D]
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = x + self.positional_embedding
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_post(x)
+
+
+class KVCache(nn.Module):
+    """Per-slot decoder state: self-attention K/V and the window's cross-attention K/V.
+
+    Buffers are [slots, heads, positions, head_dim] per layer, allocated once.
+    """
+
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None):
+        super().__init__()
+        h, dh = dims.n_text_head, dims.head_dim
+        self.n_slots = n_slots
+
+        def make(t):
+            return torch.zeros(n_slots, h, t, dh, device=device, dtype=dtype)
+
+        self.self_k = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
+        self.self_v = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
+        self.cross_k = [make(dims.n_audio_ctx) for _ in range(dims.n_text_layer)]
+        self.cross_v = [make(dims.n_audio_ctx) for _ in range(dims.n_text_layer)]
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot `src` into slot `dst` (compaction when a sequence leaves)."""
+        for buffers in (self.self_k, self.self_v, self.cross_k, self.cross_v):
+            for b in buffers:
+                b[dst].copy_(b[src])
+
+    def copy_slots(self, src: Tensor, dst: Tensor) -> None:
+        """Self-attention K/V of slots `src` into slots `dst` (beam search reordering)."""
+        for buffers in (self.self_k, self.self_v):
+            for b in buffers:
+                b[dst] = b[src]
+
+    @staticmethod
+    def bytes_per_slot(dims: ModelDims, itemsize: int) -> int:
+        per_layer = 2 * dims.n_text_head * dims.head_dim * (dims.n_text_ctx + dims.n_audio_ctx)
+        return per_layer * dims.n_text_layer * itemsize
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.attn_ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.attn_out = nn.Linear(d, d)
+        self.cross_ln = nn.LayerNorm(d)
+        self.cross_q = nn.Linear(d, d)
+        self.cross_kv = nn.Linear(d, 2 * d)  # applied once per window, not per token
+        self.cross_out = nn.Linear(d, d)
+        self.mlp_ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: Tensor, index: tuple[Tensor, Tensor], mask: Tensor, self_k: Tensor, self_v: Tensor,
+                cross_k: Tensor, cross_v: Tensor) -> Tensor:
+        # x: [B, T, D]; index: (row [B, T], position [B, T]) where the new K/V go;
+        # mask: [B, 1, T, n_text_ctx] True where attending is allowed;
+        # self_k/v, cross_k/v: this batch's slots, [B, H, n_text_ctx | 1500, Dh] views of the cache.
+        q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
+        q, k, v = (_split_heads(t, self.n_head) for t in (q, k, v))
+        rows, positions = index
+        self_k[rows, :, positions] = k.transpose(1, 2)  # [B, T, H, Dh] at (row, position)
+        self_v[rows, :, positions] = v.transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=mask)
+        x = x + self.attn_out(_merge_heads(a))
+        q = _split_heads(self.cross_q(self.cross_ln(x)), self.n_head)
+        a = F.scaled_dot_product_attention(q, cross_k, cross_v)
+        x = x + self.cross_out(_merge_heads(a))
+        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        d = dims.n_text_state
+        self.dims = dims
+        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.register_buffer("positional_embedding", torch.zeros(dims.n_text_ctx, d))
+        self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
+        self.ln = nn.LayerNorm(d)
+
+    def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
+        """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
+        b = audio_features.shape[0]
+        for i, block in enumerate(self.blocks):
+            k, v = block.cross_kv(audio_features).chunk(2, dim=-1)
+            cache.cross_k[i][start:start + b] = _split_heads(k, block.n_head)
+            cache.cross_v[i][start:start + b] = _split_heads(v, block.n_head)
+
+    def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache) -> Tensor:
+        """Hidden states [B, T, D] of `tokens` [B, T] at `positions` [B, T] in slots [start, start + B).
+
+        Each row attends to its own slot's earlier positions (≤ its position), so rows of different
+        lengths share one call. Slots are a contiguous range: the batch is a view of the cache.
+        """
+        b = tokens.shape[0]
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        rows = torch.arange(b, device=tokens.device)[:, None].expand_as(positions)
+        key_pos = torch.arange(self.dims.n_text_ctx, device=tokens.device)
+        mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, ctx]
+        s = slice(start, start + b)
+        for i, block in enumerate(self.blocks):
+            x = block(x, (rows, positions), mask, cache.self_k[i][s], cache.self_v[i][s],
+                      cache.cross_k[i][s], cache.cross_v[i][s])
+        return x
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        # hidden: [..., D] -> [..., n_vocab] in float32 (the output projection is tied to the embedding)
+        return (self.ln(hidden) @ self.token_embedding.weight.t()).float()
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims)
+        self.decoder = TextDecoder(dims)

@@ -8,6 +8,9 @@ import { WebRtcTransport } from "./webrtc-transport.js";
 import { WebSocketTransport } from "./ws-transport.js";
 
 const MAX_EVENTS = 200;
+// Whisper's segment times may stray from the VAD's; a speech_stopped this close to a final's
+// span is taken as that utterance's end when the server does not send utterance_id.
+const PAIRING_SLACK_S = 1.0;
 const TRANSPORTS = { websocket: WebSocketTransport, webrtc: WebRtcTransport };
 // Why a socket closed, by close code (docs/protocol.md, "Close codes").
 const CLOSE_REASONS = {
@@ -47,8 +50,9 @@ let modelId = null; // from GET v1/models, then from `ready`
 function newSession() {
   return {
     stoppedAt: new Map(), // utterance_id -> performance.now() at speech_stopped
-    unpairedStops: [], // speech_stopped times without utterance_id, oldest first
+    unpairedStops: [], // {t, at} of speech_stopped events without utterance_id, oldest first
     finalised: new Set(), // utterance ids with a final: later partials for them are stale
+    partialUtterance: null, // utterance_id of the partial on screen
     latencies: [],
     configuredLanguage: null,
     closedReason: null, // from the `closed` event
@@ -112,15 +116,27 @@ function showLatency(latencyMs, serverMs) {
   ui.latency.textContent = parts.join(" · ") || "–";
 }
 
-// The speech_stopped of this final's utterance: by utterance_id when the server sends it,
-// else the oldest unpaired one (each final follows exactly one speech_stopped).
+// When the speech_stopped of this final's utterance arrived (performance.now()), or null: an
+// utterance cut at its maximum length has none. By utterance_id when the server sends it, else
+// by stream time: the stop nearest the final's end, within its span plus some slack.
 function takeStopTime(event) {
   if (session.stoppedAt.has(event.utterance_id)) {
-    const t = session.stoppedAt.get(event.utterance_id);
+    const at = session.stoppedAt.get(event.utterance_id);
     session.stoppedAt.delete(event.utterance_id);
-    return t;
+    return at;
   }
-  return session.unpairedStops.shift() ?? null;
+  const stops = session.unpairedStops;
+  const from = (event.start ?? 0) - PAIRING_SLACK_S;
+  const to = (event.end ?? Infinity) + PAIRING_SLACK_S;
+  let best = -1;
+  stops.forEach((stop, i) => {
+    if (stop.t < from || stop.t > to) return;
+    if (best < 0 || Math.abs(stop.t - event.end) < Math.abs(stops[best].t - event.end)) best = i;
+  });
+  if (best < 0) return null;
+  const { at } = stops[best];
+  stops.splice(0, best + 1); // older stops belong to utterances that ended without a final
+  return at;
 }
 
 function onEvent(event) {
@@ -139,11 +155,12 @@ function onEvent(event) {
       break;
     case "speech_stopped":
       if (event.utterance_id != null) session.stoppedAt.set(event.utterance_id, performance.now());
-      else session.unpairedStops.push(performance.now());
+      else session.unpairedStops.push({ t: event.t, at: performance.now() });
       setStatus("Listening");
       break;
     case "partial":
       if (session.finalised.has(event.utterance_id)) break;
+      session.partialUtterance = event.utterance_id;
       state.partial = event.text ?? "";
       if (event.stable != null || event.unstable != null) showPartial(event.stable ?? "", event.unstable ?? "");
       else showPartial("", state.partial);
@@ -152,8 +169,11 @@ function onEvent(event) {
       session.finalised.add(event.utterance_id);
       const stoppedAt = takeStopTime(event);
       const latencyMs = stoppedAt == null ? null : performance.now() - stoppedAt;
-      state.partial = "";
-      showPartial("", "");
+      // The next utterance's partial may already be on screen; it stays.
+      if (session.partialUtterance === event.utterance_id || session.partialUtterance == null) {
+        state.partial = "";
+        showPartial("", "");
+      }
       if (event.text && event.text.trim()) {
         state.finals.push(event.text);
         addFinal(event, latencyMs);

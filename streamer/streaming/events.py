@@ -1,0 +1,128 @@
+"""What a `Session` emits: work for the engine (`SubmitWindow`) and messages for the client.
+
+Times are seconds from the start of the stream. `to_dict()` gives the wire JSON of the
+client-facing events (`docs/protocol.md`); floats are rounded to milliseconds there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+import numpy as np
+
+from streamer.audio.vad import SAMPLE_RATE
+
+
+def _ms(t: float) -> float:
+    return round(float(t), 3)
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    """The VAD heard speech that began at `t` (reported once it has lasted min_speech_ms)."""
+
+    t: float
+    utterance_id: int
+
+    def to_dict(self) -> dict:
+        return {"type": "speech_started", "t": _ms(self.t), "utterance_id": self.utterance_id}
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    """Speech stopped at `t` (reported once min_silence_ms of silence has followed)."""
+
+    t: float
+    utterance_id: int
+
+    def to_dict(self) -> dict:
+        return {"type": "speech_stopped", "t": _ms(self.t), "utterance_id": self.utterance_id}
+
+
+@dataclass(frozen=True, eq=False)
+class SubmitWindow:
+    """Audio for the engine; the caller transcribes it and hands the result to `Session.on_result`.
+
+    Not sent to the client.
+    """
+
+    window_id: str
+    """Unique within the session; names the result that comes back."""
+    kind: Literal["partial", "final"]
+    audio: np.ndarray
+    """float32 mono 16 kHz, at most 30 s; the utterance from its (padded) start."""
+    start: float
+    """Stream time of `audio[0]`: add it to the result's window-relative times."""
+    utterance_id: int
+    prompt: str | None
+    """Previous final text to condition on, or None."""
+    speech_end: float | None = None
+    """Finals only: stream time at which the speech of the utterance stopped (or was cut);
+    finalisation latency is measured from the moment the stream reached it."""
+
+    @property
+    def end(self) -> float:
+        """Stream time just after the last sample."""
+        return self.start + len(self.audio) / SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Provisional text of an utterance in progress; `text == stable + unstable`.
+
+    `stable` only ever grows within an utterance (a client may append it for good);
+    `unstable` may change with the next partial; the `Final` replaces both.
+    """
+
+    utterance_id: int
+    text: str
+    stable: str
+    unstable: str
+    start: float
+    end: float
+
+    def to_dict(self) -> dict:
+        return {
+            "type": "partial",
+            "utterance_id": self.utterance_id,
+            "text": self.text,
+            "stable": self.stable,
+            "unstable": self.unstable,
+            "start": _ms(self.start),
+            "end": _ms(self.end),
+        }
+
+
+@dataclass(frozen=True)
+class Final:
+    """The transcript of one utterance, replacing its partials."""
+
+    utterance_id: int
+    text: str
+    start: float
+    end: float
+    words: list[dict] | None
+    """`{"word", "start", "end", "probability"}` per word, when word timestamps were decoded."""
+    language: str | None
+    no_speech_prob: float
+    avg_logprob: float
+
+    def to_dict(self) -> dict:
+        words = None
+        if self.words is not None:
+            words = [{**w, "start": _ms(w["start"]), "end": _ms(w["end"])} for w in self.words]
+        return {
+            "type": "final",
+            "utterance_id": self.utterance_id,
+            "text": self.text,
+            "start": _ms(self.start),
+            "end": _ms(self.end),
+            "words": words,
+            "language": self.language,
+            "no_speech_prob": round(float(self.no_speech_prob), 4),
+            "avg_logprob": round(float(self.avg_logprob), 4),
+        }
+
+
+Event = Union[SpeechStarted, SpeechStopped, SubmitWindow, Partial, Final]

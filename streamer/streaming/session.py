@@ -1,0 +1,301 @@
+"""One live stream as a state machine with no I/O: audio in, events out.
+
+The caller (a server protocol handler) drives it:
+
+    events = session.feed(pcm)             # float32, 16 kHz mono, any chunk size
+    for e in events:
+        SubmitWindow -> transcribe e.audio with the engine, then
+                        session.on_result(e.window_id, result) -> more events
+        SpeechStarted / SpeechStopped / Partial / Final -> send e.to_dict() to the client
+
+Cutting is frame-exact (32-ms VAD frames counted from the start of the stream), so the same
+audio gives the same windows whatever the chunk sizes it arrives in.
+
+Partial windows: every `partial_interval_s` of an utterance's audio, the utterance so far.
+Only the newest result counts: a partial result older than one already delivered, or that
+arrives after the utterance's final window was submitted, is dropped. Final windows: the
+whole utterance, padding included, at end of speech, at a max-length cut, or on `flush()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streamer.audio.vad import FRAME, SAMPLE_RATE, SileroVAD, UtteranceSegmenter, VADEvent, frame_rms
+from streamer.config import StreamingConfig
+from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
+from streamer.streaming.stabilize import LocalAgreement
+
+MAX_WINDOW_S = 30.0
+"""Whisper sees one 30-s window; an utterance must fit in it."""
+PROMPT_MAX_CHARS = 600
+"""Previous text kept as the prompt (about 150 tokens, within the 223 Whisper allows)."""
+NO_SPEECH_PROB = 0.6
+LOGPROB_FLOOR = -1.0
+COMPRESSION_RATIO_CEILING = 2.4
+"""openai/whisper's thresholds for silence, a poor decode and a repetition loop."""
+
+
+def is_silence(result: Any) -> bool:
+    """Whisper's own verdict that the window held no speech: there is no text to show."""
+    return result.no_speech_prob > NO_SPEECH_PROB and result.avg_logprob < LOGPROB_FLOOR
+
+
+def looks_hallucinated(result: Any) -> bool:
+    """A decode not to condition later windows on: a repetition loop or a poor decode
+    (which includes no-speech with a low log-probability)."""
+    return getattr(result, "compression_ratio", 0.0) > COMPRESSION_RATIO_CEILING or result.avg_logprob < LOGPROB_FLOOR
+
+
+class _AudioBuffer:
+    """The recent samples of a stream, addressed by absolute sample index; appends are amortised
+    O(1) (no copy of the whole utterance per 20-ms chunk)."""
+
+    def __init__(self, capacity: int = SAMPLE_RATE * 4):
+        self._data = np.zeros(capacity, dtype=np.float32)
+        self._head = 0
+        """Index in `_data` of sample `start`."""
+        self.start = 0
+        """Absolute index of the first sample held."""
+        self.end = 0
+        """Absolute index just after the last sample held."""
+
+    def append(self, x: np.ndarray) -> None:
+        held, n = self.end - self.start, len(x)
+        if self._head + held + n > len(self._data):
+            # Move the held samples to the front; double the room when more than half is used.
+            size = len(self._data) if 2 * (held + n) <= len(self._data) else 2 * (held + n)
+            data = self._data if size == len(self._data) else np.empty(size, dtype=np.float32)
+            data[:held] = self._data[self._head : self._head + held]
+            self._data, self._head = data, 0
+        self._data[self._head + held : self._head + held + n] = x
+        self.end += n
+
+    def slice(self, a: int, b: int) -> np.ndarray:
+        """A copy of samples [a, b)."""
+        if not self.start <= a <= b <= self.end:
+            raise IndexError(f"samples [{a}, {b}) are not held (held: [{self.start}, {self.end}))")
+        return self._data[self._head + a - self.start : self._head + b - self.start].copy()
+
+    def drop_before(self, a: int) -> None:
+        a = min(max(a, self.start), self.end)
+        self._head += a - self.start
+        self.start = a
+
+
+@dataclass
+class _Utterance:
+    """The open utterance."""
+
+    id: int
+    start: int
+    """Padded first sample."""
+    partial_mark: int
+    """Sample up to which the last partial window reached (or `start`)."""
+    partial_seq: int = 0
+    """Number of the newest partial window submitted."""
+    delivered_seq: int = 0
+    """Number of the newest partial result turned into a `Partial`."""
+    partial_ends: dict[int, int] = field(default_factory=dict)
+    """End sample of each partial window in flight, by number."""
+    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+
+
+@dataclass(frozen=True)
+class _FinalWindow:
+    """A final window in flight."""
+
+    utterance_id: int
+    start: float
+    end: float
+
+
+class Session:
+    """Per-stream state: VAD, utterance cutting, windows in flight, prompt, partial stability."""
+
+    def __init__(self, config: StreamingConfig, vad: SileroVAD, sample_rate: int = SAMPLE_RATE):
+        if sample_rate != SAMPLE_RATE:
+            raise ValueError(f"a session takes {SAMPLE_RATE} Hz audio, not {sample_rate}: resample first")
+        if config.vad.max_utterance_s > MAX_WINDOW_S:
+            raise ValueError(f"max_utterance_s={config.vad.max_utterance_s} does not fit in a {MAX_WINDOW_S:.0f}-s window")
+        if config.partial_interval_s <= 0:
+            raise ValueError(f"partial_interval_s must be positive, not {config.partial_interval_s}")
+        self.config = config
+        self.partial_interval_s = config.partial_interval_s
+        """Cadence of partial windows; a server under load may raise it at any time."""
+        self._vad = vad
+        self._vad_state = vad.new_state()
+        self._segmenter = UtteranceSegmenter(config.vad)
+        self._audio = _AudioBuffer()
+        self._utterance: _Utterance | None = None
+        self._next_id = 1
+        self._finals: dict[str, _FinalWindow] = {}
+        self._prompt = ""
+        self.closed = False
+
+    @property
+    def stream_time(self) -> float:
+        """Seconds of audio fed so far."""
+        return self._audio.end / SAMPLE_RATE
+
+    def feed(self, pcm: np.ndarray) -> list[Event]:
+        """Take the next chunk of audio (float32, 16 kHz mono, any length)."""
+        if self.closed:
+            raise RuntimeError("session is closed")
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        first = self._vad_state.frames
+        self._audio.append(pcm)
+        probs = self._vad.probabilities(self._vad_state, pcm)
+        n = len(probs)
+        if n == 0:
+            return []
+        levels = frame_rms(self._audio.slice(first * FRAME, (first + n) * FRAME).reshape(n, FRAME))
+        events: list[Event] = []
+        for i, (prob, level) in enumerate(zip(probs.tolist(), levels.tolist())):
+            for boundary in self._segmenter.push(prob, level):
+                events += self._on_boundary(boundary)
+            utt = self._utterance
+            frame_end = (first + i + 1) * FRAME
+            due = utt is not None and frame_end - utt.partial_mark >= self.partial_interval_s * SAMPLE_RATE
+            if self.config.partials and due:
+                events.append(self._submit_partial(utt, frame_end))
+        self._audio.drop_before(self._segmenter.keep_from)
+        return events
+
+    def flush(self) -> list[Event]:
+        """End the current utterance now (a client's commit) and submit its final window."""
+        if self.closed:
+            return []
+        events: list[Event] = []
+        for boundary in self._segmenter.flush(self._audio.end):
+            events += self._on_boundary(boundary)
+        return events
+
+    def close(self) -> list[Event]:
+        """Flush, then take no more audio; results of windows in flight are still accepted."""
+        events = self.flush()
+        self.closed = True
+        return events
+
+    def on_result(self, window_id: str, result: Any) -> list[Event]:
+        """Turn the engine's result for a window (an `engine.request.Result`) into client events."""
+        utterance_id, _, kind = window_id.partition(".")
+        if kind == "final":
+            window = self._finals.pop(window_id, None)
+            if window is None:
+                raise KeyError(f"no final window {window_id!r} in flight")
+            return self._final_result(window, result)
+        if not kind.startswith("p"):
+            raise ValueError(f"not a window id of this session: {window_id!r}")
+        return self._partial_result(int(utterance_id), int(kind[1:]), result)
+
+    def _on_boundary(self, b: VADEvent) -> list[Event]:
+        if b.kind == "start":
+            self._utterance = self._open(b.sample)
+            return [SpeechStarted(b.speech / SAMPLE_RATE, self._utterance.id)]
+        utt = self._utterance
+        assert utt is not None, f"VAD {b.kind} without an open utterance"
+        self._utterance = None
+        if b.kind == "cut":
+            final = self._submit_final(utt, b.sample, b.sample)
+            self._utterance = self._open(b.sample)
+            return [final]
+        stopped = SpeechStopped(b.speech / SAMPLE_RATE, utt.id)
+        if b.kind == "discard":
+            return [stopped]
+        return [stopped, self._submit_final(utt, b.sample, b.speech)]
+
+    def _open(self, start: int) -> _Utterance:
+        utt = _Utterance(id=self._next_id, start=start, partial_mark=start)
+        self._next_id += 1
+        return utt
+
+    def _window_prompt(self) -> str | None:
+        return self._prompt if self.config.condition_on_previous and self._prompt else None
+
+    def _submit_partial(self, utt: _Utterance, end: int) -> SubmitWindow:
+        utt.partial_seq += 1
+        utt.partial_ends[utt.partial_seq] = end
+        utt.partial_mark = end
+        return SubmitWindow(
+            window_id=f"{utt.id}.p{utt.partial_seq}",
+            kind="partial",
+            audio=self._audio.slice(utt.start, end),
+            start=utt.start / SAMPLE_RATE,
+            utterance_id=utt.id,
+            prompt=self._window_prompt(),
+        )
+
+    def _submit_final(self, utt: _Utterance, end: int, speech_end: int) -> SubmitWindow:
+        window_id = f"{utt.id}.final"
+        self._finals[window_id] = _FinalWindow(utt.id, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)
+        return SubmitWindow(
+            window_id=window_id,
+            kind="final",
+            audio=self._audio.slice(utt.start, end),
+            start=utt.start / SAMPLE_RATE,
+            utterance_id=utt.id,
+            prompt=self._window_prompt(),
+            speech_end=speech_end / SAMPLE_RATE,
+        )
+
+    def _partial_result(self, utterance_id: int, seq: int, result: Any) -> list[Event]:
+        utt = self._utterance
+        # Stale: the utterance is over (its final was submitted) or a newer partial was shown.
+        if utt is None or utt.id != utterance_id or seq <= utt.delivered_seq:
+            return []
+        end = utt.partial_ends.pop(seq)
+        for older in [s for s in utt.partial_ends if s < seq]:
+            del utt.partial_ends[older]
+        utt.delivered_seq = seq
+        # Text of a window judged silent or looping would only flicker on the client.
+        if not result.text.strip() or is_silence(result) or looks_hallucinated(result):
+            return []
+        split = utt.agreement.update(result.text)
+        return [Partial(utterance_id, split.text, split.stable, split.unstable, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)]
+
+    def _final_result(self, window: _FinalWindow, result: Any) -> list[Event]:
+        if looks_hallucinated(result):
+            self._prompt = ""
+        text = result.text.strip()
+        if not text or is_silence(result):
+            return []
+        if not looks_hallucinated(result):
+            self._prompt = _tail(f"{self._prompt} {text}".strip(), PROMPT_MAX_CHARS)
+        segments = list(result.segments or [])
+        start = window.start + segments[0].start if segments else window.start
+        end = window.start + segments[-1].end if segments else window.end
+        return [
+            Final(
+                utterance_id=window.utterance_id,
+                text=text,
+                start=start,
+                end=min(end, window.end),
+                words=_words(segments, window.start),
+                language=result.language,
+                no_speech_prob=result.no_speech_prob,
+                avg_logprob=result.avg_logprob,
+            )
+        ]
+
+
+def _tail(text: str, limit: int) -> str:
+    """The last `limit` characters of `text`, starting at a word."""
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    return cut[cut.find(" ") + 1 :] if " " in cut else cut
+
+
+def _words(segments: list[Any], offset: float) -> list[dict] | None:
+    """Word timings of all segments in stream time, or None when they were not decoded."""
+    if not any(getattr(s, "words", None) for s in segments):
+        return None
+    return [
+        {"word": w.word, "start": offset + w.start, "end": offset + w.end, "probability": w.probability}
+        for s in segments
+        for w in (s.words or [])
+    ]

@@ -1,0 +1,294 @@
+"""The per-stream state machine on real audio and the real silero model.
+
+Engine results are hand-made plain data with the attributes of `engine.request.Result`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pytest
+
+from streamer.audio.vad import FRAME, SileroVAD, speech_segments
+from streamer.config import StreamingConfig, VADConfig
+from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
+from streamer.streaming.session import Session
+
+SR = 16000
+LONG = "long/asterisk_en_6min.ogg"
+
+
+def decode(path) -> np.ndarray:
+    """16 kHz mono float32 through the project's decoder, or PyAV directly until it lands."""
+    try:
+        from streamer.audio.decode import decode_audio
+    except ImportError:
+        import av
+
+        with av.open(str(path)) as container:
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+            chunks = [f.to_ndarray().reshape(-1) for frame in container.decode(audio=0) for f in resampler.resample(frame)]
+            chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+        return np.concatenate(chunks).astype(np.float32)
+    return decode_audio(str(path))
+
+
+@dataclass
+class Word:
+    word: str
+    start: float
+    end: float
+    probability: float = 0.9
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    text: str
+    words: list[Word] | None = None
+
+
+@dataclass
+class Result:
+    text: str
+    segments: list[Segment] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    language: str = "en"
+    avg_logprob: float = -0.2
+    no_speech_prob: float = 0.01
+    compression_ratio: float = 1.3
+
+
+@pytest.fixture(scope="module")
+def vad() -> SileroVAD:
+    return SileroVAD()
+
+
+@pytest.fixture(scope="module")
+def jfk(jfk_path) -> np.ndarray:
+    return decode(jfk_path)
+
+
+@pytest.fixture(scope="module")
+def long_audio(audio_dir) -> np.ndarray:
+    return decode(audio_dir / LONG)
+
+
+def sizes(kind: str, total: int, seed: int = 0):
+    if kind == "random":
+        rng = np.random.default_rng(seed)
+        return rng.integers(1, 4000, size=total // 1000 + 1)
+    return [{"20ms": 320, "100ms": 1600}[kind]]
+
+
+def stream(session: Session, audio: np.ndarray, chunking: str = "20ms", close: bool = True) -> list:
+    events, i, steps = [], 0, sizes(chunking, len(audio))
+    for k in range(len(audio)):
+        if i >= len(audio):
+            break
+        n = int(steps[k % len(steps)])
+        events += session.feed(audio[i : i + n])
+        i += n
+    return events + (session.close() if close else [])
+
+
+def windows(events, kind=None) -> list[SubmitWindow]:
+    return [e for e in events if isinstance(e, SubmitWindow) and (kind is None or e.kind == kind)]
+
+
+def signature(ws: list[SubmitWindow]) -> list[tuple]:
+    return [(w.window_id, w.kind, w.start, len(w.audio), hash(w.audio.tobytes())) for w in ws]
+
+
+def test_windows_do_not_depend_on_chunking(vad, jfk):
+    runs = {c: stream(Session(StreamingConfig(), vad), jfk, c) for c in ("20ms", "100ms", "random")}
+    reference = signature(windows(runs["20ms"]))
+    assert len(windows(runs["20ms"], "final")) >= 1 and len(windows(runs["20ms"], "partial")) >= 5
+    for events in runs.values():
+        assert signature(windows(events)) == reference
+
+
+def test_long_stream_finals_match_offline_cutting(vad, long_audio):
+    """Live finals of the 6-minute file: chunking-independent, equal to the offline utterances
+    (speech_segments), each at most max_utterance_s, and cut where prompts run past it."""
+    config = StreamingConfig(partials=False)
+    events = {c: stream(Session(config, vad), long_audio, c) for c in ("100ms", "random")}
+    finals = {c: windows(e, "final") for c, e in events.items()}
+    assert signature(finals["100ms"]) == signature(finals["random"])
+    # A cut final has no speech_stopped, and the utterance that goes on no speech_started.
+    started = {e.utterance_id for e in events["100ms"] if isinstance(e, SpeechStarted)}
+    stopped = {e.utterance_id for e in events["100ms"] if isinstance(e, SpeechStopped)}
+    cut = {w.utterance_id for w in finals["100ms"] if round(w.speech_end * SR) == round(w.start * SR) + len(w.audio)}
+    assert len(cut) >= 4
+    assert stopped == {w.utterance_id for w in finals["100ms"]} - cut
+    assert started == {w.utterance_id for w in finals["100ms"]} - {i + 1 for i in cut}
+    got = [(round(w.start * SR), round(w.start * SR) + len(w.audio)) for w in finals["100ms"]]
+    assert got == speech_segments(long_audio, config.vad, vad)
+    assert len(got) > 15  # 15 prompts, some longer than 28 s
+    assert max(len(w.audio) for w in finals["100ms"]) <= config.vad.max_utterance_s * SR
+    for w in finals["100ms"]:
+        np.testing.assert_array_equal(w.audio, long_audio[round(w.start * SR) : round(w.start * SR) + len(w.audio)])
+
+
+def test_partial_cadence(vad, jfk):
+    for interval in (0.5, 1.0):
+        events = stream(Session(StreamingConfig(partial_interval_s=interval), vad), jfk)
+        step = -(-round(interval * SR) // FRAME) * FRAME  # the interval, rounded up to VAD frames
+        for final in windows(events, "final"):
+            partials = [w for w in windows(events, "partial") if w.utterance_id == final.utterance_id]
+            assert partials, f"utterance {final.utterance_id} had no partial"
+            assert all(p.start == final.start and p.prompt == final.prompt for p in partials)
+            lengths = [len(p.audio) for p in partials]
+            assert interval * SR <= lengths[0] < interval * SR + FRAME  # ends on a VAD frame
+            assert all(b - a == step for a, b in zip(lengths, lengths[1:]))
+            # Partials are the utterance so far: a prefix of it, up to the end of speech + silence.
+            n = min(len(final.audio), lengths[-1])
+            np.testing.assert_array_equal(partials[-1].audio[:n], final.audio[:n])
+    assert windows(stream(Session(StreamingConfig(partials=False), vad), jfk), "partial") == []
+
+
+@pytest.mark.parametrize("kind", ["zeros", "noise"])
+def test_silence_and_noise_submit_nothing(vad, kind):
+    rng = np.random.default_rng(1)
+    n = SR * 20
+    audio = np.zeros(n, np.float32) if kind == "zeros" else (0.1 * rng.standard_normal(n)).astype(np.float32)
+    assert stream(Session(StreamingConfig(), vad), audio, "random") == []
+
+
+def test_speech_events_bracket_each_final(vad, jfk):
+    events = stream(Session(StreamingConfig(), vad), jfk, "100ms")
+    kinds = [e.kind if isinstance(e, SubmitWindow) else type(e).__name__ for e in events]
+    kinds = [k for k in kinds if k != "partial"]
+    n = len(windows(events, "final"))
+    # The last utterance runs to the end of the clip and is closed by close().
+    assert kinds == ["SpeechStarted", "SpeechStopped", "final"] * n
+    ids = [e.utterance_id for e in events if not (isinstance(e, SubmitWindow) and e.kind == "partial")]
+    assert ids == [i for i in range(1, n + 1) for _ in range(3)]
+    for e in events:
+        if isinstance(e, SpeechStopped):
+            (final,) = [w for w in windows(events, "final") if w.utterance_id == e.utterance_id]
+            assert final.speech_end == e.t and final.start < e.t <= final.end  # before the end padding
+
+
+def test_stale_partials_are_dropped_and_final_replaces_them(vad, jfk):
+    session = Session(StreamingConfig(), vad)
+    first_end = speech_segments(jfk, VADConfig(), vad)[0][1]
+    events = stream(session, jfk[: first_end - SR // 2], close=False)  # mid-utterance
+    partials = windows(events, "partial")
+    assert len(partials) >= 3 and windows(events, "final") == []
+    p1, p2, p3 = partials[-3:]
+    (got,) = session.on_result(p2.window_id, Result(" And so my fellow"))
+    assert isinstance(got, Partial) and got.utterance_id == p2.utterance_id
+    assert (got.text, got.stable, got.unstable) == ("And so my fellow", "", "And so my fellow")
+    assert (got.start, got.end) == (pytest.approx(p2.start), pytest.approx(p2.end))
+    assert session.on_result(p1.window_id, Result(" And so")) == []  # older than one shown
+    got = session.on_result(p3.window_id, Result(" And so my fellow Americans"))
+    assert [(e.stable, e.unstable) for e in got] == [("And so my fellow", " Americans")]
+    assert session.on_result(p3.window_id, Result(" And so my")) == []  # delivered already
+
+    rest = stream(session, jfk[first_end - SR // 2 : first_end + SR], close=False)
+    late = [w for w in windows(rest, "partial") if w.utterance_id == p1.utterance_id][-1]
+    final = windows(rest, "final")[0]
+    assert final.utterance_id == late.utterance_id == p1.utterance_id
+    assert session.on_result(late.window_id, Result(" And so my fellow Americans")) == []  # final submitted
+    result = Result(
+        " And so, my fellow Americans,",
+        segments=[Segment(0.3, 2.0, " And so, my fellow Americans,", words=[Word(" And", 0.3, 0.5), Word(" Americans,", 1.4, 2.0)])],
+    )
+    (out,) = session.on_result(final.window_id, result)
+    assert isinstance(out, Final) and out.text == "And so, my fellow Americans,"
+    assert out.start == pytest.approx(final.start + 0.3) and out.end == pytest.approx(final.start + 2.0)
+    word = {"word": " Americans,", "start": pytest.approx(final.start + 1.4), "end": pytest.approx(final.start + 2.0), "probability": 0.9}
+    assert out.words[1] == word
+    with pytest.raises(KeyError):
+        session.on_result(final.window_id, result)  # delivered once
+
+
+def utterance(session: Session, audio: np.ndarray) -> tuple[SubmitWindow, list[SubmitWindow]]:
+    """Stream one utterance and a second of silence: its final window and its partial windows."""
+    ws = windows(stream(session, np.concatenate([audio, np.zeros(SR, np.float32)]), close=False))
+    (final,) = [w for w in ws if w.kind == "final"]
+    return final, [w for w in ws if w.kind == "partial"]
+
+
+def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
+    clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]  # "And so my fellow Americans"
+    session = Session(StreamingConfig(), vad)
+    w1, _ = utterance(session, clip)
+    assert w1.prompt is None
+    assert len(session.on_result(w1.window_id, Result(" And so my fellow Americans."))) == 1
+
+    w2, partials = utterance(session, clip)
+    assert w2.prompt == "And so my fellow Americans." and partials
+    assert all(p.prompt == w2.prompt for p in partials)
+    assert session.on_result(w2.window_id, Result(" Americans.")) != []
+    w3, _ = utterance(session, clip)
+    assert w3.prompt == "And so my fellow Americans. Americans."
+
+    # A repetition loop is shown (it has text and speech) but not used as a prompt.
+    loop = Result(" Americans Americans Americans Americans", compression_ratio=3.1)
+    assert [e.text for e in session.on_result(w3.window_id, loop)] == [loop.text.strip()]
+    w4, _ = utterance(session, clip)
+    assert w4.prompt is None
+    session.on_result(w4.window_id, Result(" Good."))
+    w5, _ = utterance(session, clip)
+    assert w5.prompt == "Good."
+    # A poor decode (low log-probability) is shown too, and also resets the prompt.
+    assert session.on_result(w5.window_id, Result(" Good.", avg_logprob=-1.2)) != []
+    w6, _ = utterance(session, clip)
+    assert w6.prompt is None
+
+    # Whisper's no-speech verdict: no Final at all, and the prompt is reset.
+    session.on_result(w6.window_id, Result(" Good."))
+    w7, _ = utterance(session, clip)
+    assert w7.prompt == "Good."
+    assert session.on_result(w7.window_id, Result(" Thank you.", no_speech_prob=0.9, avg_logprob=-1.4)) == []
+    w8, _ = utterance(session, clip)
+    assert w8.prompt is None
+    assert session.on_result(w8.window_id, Result("  ")) == []  # empty text: no Final either
+
+    off = Session(StreamingConfig(condition_on_previous=False), vad)
+    v1, _ = utterance(off, clip)
+    off.on_result(v1.window_id, Result(" And so my fellow Americans."))
+    assert utterance(off, clip)[0].prompt is None
+
+
+def test_flush_and_close(vad, jfk):
+    session = Session(StreamingConfig(), vad)
+    half = 6 * SR  # inside "what your country can do for you" (5.2-7.8 s)
+    events = stream(session, jfk[:half], close=False)
+    assert windows(events, "final")  # the first half holds whole utterances too
+    flushed = session.flush()
+    assert isinstance(flushed[0], SpeechStopped) and flushed[0].t == pytest.approx(half / SR)
+    (final,) = windows(flushed, "final")
+    assert final.end == pytest.approx(half / SR) and final.speech_end == pytest.approx(half / SR)
+    assert session.flush() == []  # nothing open now
+    later = stream(session, jfk[half:], close=False)
+    starts = [e for e in later if isinstance(e, SpeechStarted)]
+    assert starts and starts[0].t * SR >= half  # what follows is a new utterance
+    assert all(w.start * SR >= half for w in windows(later))
+    assert windows(session.close(), "final")
+    assert session.closed and session.close() == [] and session.flush() == []
+    with pytest.raises(RuntimeError):
+        session.feed(jfk[:320])
+    assert session.stream_time == pytest.approx(len(jfk) / SR)
+
+
+def test_window_limit_is_checked():
+    with pytest.raises(ValueError):
+        Session(StreamingConfig(vad=VADConfig(max_utterance_s=31.0)), vad=None)
+
+
+def test_wire_format():
+    assert SpeechStarted(1.23456, 1).to_dict() == {"type": "speech_started", "t": 1.235, "utterance_id": 1}
+    assert SpeechStopped(2.0, 1).to_dict() == {"type": "speech_stopped", "t": 2.0, "utterance_id": 1}
+    p = Partial(3, "a b", "a", " b", 1.0, 2.0).to_dict()
+    assert p == {"type": "partial", "utterance_id": 3, "text": "a b", "stable": "a", "unstable": " b", "start": 1.0, "end": 2.0}
+    words = [{"word": " a", "start": 1.00049, "end": 1.5, "probability": 0.9}]
+    f = Final(3, "a b", 1.0, 2.0, words, "en", 0.01, -0.2).to_dict()
+    assert f["type"] == "final" and f["words"][0]["start"] == 1.0 and f["language"] == "en"
+    assert set(f) == {"type", "utterance_id", "text", "start", "end", "words", "language", "no_speech_prob", "avg_logprob"}
+    w = SubmitWindow("1.final", "final", np.zeros(SR, np.float32), 2.0, 1, None)
+    assert w.end == 3.0 and not hasattr(w, "to_dict")

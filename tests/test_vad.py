@@ -1,0 +1,191 @@
+"""silero-vad with explicit state, and utterance cutting, against the package's own functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamer.audio.vad import FRAME, SileroVAD, UtteranceSegmenter, frame_rms, speech_segments
+from streamer.config import VADConfig
+
+LONG = "long/asterisk_en_6min.ogg"
+
+
+def decode(path) -> np.ndarray:
+    """16 kHz mono float32 through the project's decoder, or PyAV directly until it lands."""
+    try:
+        from streamer.audio.decode import decode_audio
+    except ImportError:
+        import av
+
+        with av.open(str(path)) as container:
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+            chunks = [f.to_ndarray().reshape(-1) for frame in container.decode(audio=0) for f in resampler.resample(frame)]
+            chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+        return np.concatenate(chunks).astype(np.float32)
+    return decode_audio(str(path))
+
+
+@pytest.fixture(scope="module")
+def vad() -> SileroVAD:
+    return SileroVAD()
+
+
+@pytest.fixture(scope="module")
+def long_audio(audio_dir) -> np.ndarray:
+    return decode(audio_dir / LONG)
+
+
+@pytest.fixture(scope="module")
+def uncut(vad, long_audio) -> list[tuple[int, int]]:
+    """Utterances of the 6-minute file with no length limit (as the package cuts by default)."""
+    return speech_segments(long_audio, VADConfig(max_utterance_s=3600.0), vad)
+
+
+@pytest.fixture(scope="module")
+def package_model():
+    silero_vad = pytest.importorskip("silero_vad")
+    return silero_vad.load_silero_vad(onnx=True)
+
+
+def chunks(audio: np.ndarray, seed: int, max_len: int = 3000):
+    rng = np.random.default_rng(seed)
+    i = 0
+    while i < len(audio):
+        n = int(rng.integers(1, max_len))
+        yield audio[i : i + n]
+        i += n
+
+
+def test_probabilities_equal_package_model_in_any_chunking(vad, package_model, jfk_path):
+    """Our sequence-model path with explicit state equals the package's per-frame OnnxWrapper."""
+    torch = pytest.importorskip("torch")
+    audio = decode(jfk_path)
+    n = len(audio) // FRAME
+    package_model.reset_states()
+    frames = torch.from_numpy(audio[: n * FRAME]).reshape(n, FRAME)
+    expected = np.array([package_model(frame, 16000).item() for frame in frames])
+    state = vad.new_state()
+    got = np.concatenate([vad.probabilities(state, c) for c in chunks(audio, seed=1)])
+    assert len(got) == n and state.frames == n
+    assert len(state.pending) == len(audio) - n * FRAME
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert expected.max() > 0.9 and expected.min() < 0.1  # the clip has speech and pauses
+
+
+def test_states_are_independent(vad, jfk_path):
+    """Interleaving two streams on one model changes neither."""
+    audio = decode(jfk_path)
+    alone = vad.probabilities(vad.new_state(), audio)
+    a, b = vad.new_state(), vad.new_state()
+    reversed_audio = audio[::-1].copy()
+    got_a, got_b = [], []
+    for i in range(0, len(audio), 1600):
+        got_a.append(vad.probabilities(a, audio[i : i + 1600]))
+        got_b.append(vad.probabilities(b, reversed_audio[i : i + 1600]))
+    np.testing.assert_array_equal(np.concatenate(got_a), alone)
+    assert not np.array_equal(np.concatenate(got_b), alone)
+
+
+def test_segments_match_get_speech_timestamps(package_model, long_audio, uncut):
+    """15 prompts joined by pauses: same utterances as the package's get_speech_timestamps."""
+    torch = pytest.importorskip("torch")
+    from silero_vad import get_speech_timestamps
+
+    config = VADConfig()
+    expected = get_speech_timestamps(
+        torch.from_numpy(long_audio),
+        package_model,
+        threshold=config.threshold,
+        min_speech_duration_ms=config.min_speech_ms,
+        min_silence_duration_ms=config.min_silence_ms,
+        speech_pad_ms=config.speech_pad_ms,
+    )
+    assert len(uncut) == len(expected) == 15
+    for (start, end), ref in zip(uncut, expected):
+        assert abs(start - ref["start"]) <= 1600 and abs(end - ref["end"]) <= 1600  # 100 ms
+
+
+def test_max_utterance_cuts_at_pauses(vad, long_audio, uncut):
+    """Prompts longer than 28 s are cut, at pauses, into adjacent pieces that lose nothing."""
+    config = VADConfig(max_utterance_s=28.0)
+    cut = speech_segments(long_audio, config, vad)
+    assert max(e - s for s, e in cut) <= 28 * 16000
+    assert max(e - s for s, e in uncut) > 60 * 16000  # one prompt runs 72 s
+    # The same audio is covered: merging adjacent pieces gives the uncut utterances back.
+    merged = [list(cut[0])]
+    for s, e in cut[1:]:
+        if s == merged[-1][1]:
+            merged[-1][1] = e
+        else:
+            merged.append([s, e])
+    assert [tuple(m) for m in merged] == uncut
+    probs = vad.probabilities(vad.new_state(), long_audio)
+    levels = frame_rms(long_audio[: len(probs) * FRAME].reshape(-1, FRAME))
+    cuts = [e for (_, e), (s, _) in zip(cut, cut[1:]) if e == s]
+    assert len(cuts) >= 4
+    for c in cuts:
+        f = c // FRAME
+        assert probs[f] < 0.2 and levels[f] < 0.05 * np.median(levels[f - 300 : f])
+
+
+@pytest.mark.parametrize("kind", ["zeros", "noise"])
+def test_silence_and_noise_have_no_speech(vad, kind):
+    rng = np.random.default_rng(0)
+    n = 16000 * 20
+    audio = np.zeros(n, np.float32) if kind == "zeros" else (0.1 * rng.standard_normal(n)).astype(np.float32)
+    assert speech_segments(audio, VADConfig(), vad) == []
+
+
+def run(segmenter: UtteranceSegmenter, probs, levels=None):
+    levels = [0.0] * len(probs) if levels is None else levels
+    return [(i, e.kind, e.sample, e.speech) for i, (p, r) in enumerate(zip(probs, levels)) for e in segmenter.push(p, r)]
+
+
+def test_segmenter_hysteresis_padding_and_min_silence():
+    config = VADConfig(threshold=0.5, neg_threshold=0.35, min_silence_ms=160, speech_pad_ms=64, min_speech_ms=64)
+    # 10 frames of silence, 10 of speech, a dip to 0.4 (between the thresholds: not silence),
+    # 4 quiet frames (128 ms < 160 ms), speech again, then 8 quiet frames.
+    probs = [0.0] * 10 + [0.9] * 10 + [0.4] * 3 + [0.1] * 4 + [0.9] * 5 + [0.1] * 8
+    events = run(UtteranceSegmenter(config), probs)
+    # Speech starts at frame 10, announced once > 64 ms of it (frame 12); the 2-frame pad
+    # reaches back to frame 8. Silence begins at frame 32 and ends the utterance 5 frames on.
+    assert events == [(12, "start", 8 * FRAME, 10 * FRAME), (37, "end", 34 * FRAME, 32 * FRAME)]
+
+
+def test_segmenter_drops_short_bursts():
+    config = VADConfig(min_silence_ms=96, speech_pad_ms=0, min_speech_ms=200)
+    probs = [0.0] * 5 + [0.9] * 5 + [0.0] * 10 + [0.9] * 8 + [0.0] * 10
+    # 5 frames = 160 ms are dropped; 8 frames = 256 ms are kept.
+    events = run(UtteranceSegmenter(config), probs)
+    assert [(k, s) for _, k, s, _ in events] == [("start", 20 * FRAME), ("end", 28 * FRAME)]
+
+
+def test_segmenter_forced_cut_at_quietest_point_then_continues():
+    config = VADConfig(speech_pad_ms=0, min_silence_ms=500, max_utterance_s=10.0)
+    n = 10 * 16000 // FRAME + 20  # longer than the limit
+    probs = [0.95] * n
+    levels = [0.1] * n
+    dip = 280  # 9 s in: inside the last 4 s before the limit
+    probs[dip - 1 : dip + 2] = [0.4, 0.3, 0.4]
+    levels[dip - 1 : dip + 2] = [0.01, 0.0, 0.01]
+    segmenter = UtteranceSegmenter(config)
+    events = run(segmenter, probs, levels)
+    limit_frame = 10 * 16000 // FRAME
+    assert [(k, s) for _, k, s, _ in events] == [("start", 0), ("cut", dip * FRAME)]
+    assert events[1][0] == limit_frame  # the cut is decided when the limit is reached
+    assert segmenter.active and segmenter.utterance_start == dip * FRAME
+    tail = segmenter.flush(n * FRAME)
+    assert [(e.kind, e.sample) for e in tail] == [("end", n * FRAME)]
+
+
+def test_segmenter_discards_cut_remainder_without_speech():
+    config = VADConfig(speech_pad_ms=0, min_silence_ms=200, min_speech_ms=200, max_utterance_s=4.0)
+    # 4 s = 125 frames. Speech that ends before the limit is one utterance.
+    kinds = [k for _, k, _, _ in run(UtteranceSegmenter(config), [0.9] * 110 + [0.0] * 20)]
+    assert kinds == ["start", "end"]
+    # A pause at frames 121-123, two more frames of speech, and the limit is reached at frame
+    # 125: the cut lands in the pause, and the 128 ms after it are too little to keep.
+    events = run(UtteranceSegmenter(config), [0.9] * 121 + [0.0] * 3 + [0.9] * 2 + [0.0] * 20)
+    expected = [(6, "start", 0), (125, "cut", 122 * FRAME), (133, "discard", 126 * FRAME)]
+    assert [(i, k, s) for i, k, s, _ in events] == expected

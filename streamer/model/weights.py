@@ -83,6 +83,8 @@ def read_ct2(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
             shape = [take("I") for _ in range(take("B"))]
             dtype, nbytes = _CT2_DTYPES[take("B")], take("I")
             raw = data[offset:offset + nbytes]
+            if len(raw) != nbytes:
+                raise WeightsError(f"model.bin is truncated in {name} (byte {offset}, {nbytes} expected)")
             offset += nbytes
             if dtype == "bfloat16":
                 array = torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).float().numpy()
@@ -90,7 +92,7 @@ def read_ct2(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                 array = np.frombuffer(raw, dtype=dtype)
             variables[name] = array.reshape(shape)
         aliases = {text(): text() for _ in range(take("I"))}
-    except (struct.error, KeyError, UnicodeDecodeError) as e:
+    except (struct.error, KeyError, UnicodeDecodeError, ValueError) as e:
         raise WeightsError(f"model.bin is truncated or corrupt at byte {offset}: {e}") from None
     if offset != len(data):
         raise WeightsError(f"model.bin has {len(data) - offset} unread bytes after the aliases")
@@ -213,7 +215,7 @@ def _from_hf(hf: dict[str, torch.Tensor], dims: ModelDims) -> dict[str, torch.Te
             if name in hf:
                 parts.append(hf.pop(name))
             elif name.endswith("k_proj.bias"):  # Whisper's key projection has no bias
-                parts.append(torch.zeros_like(parts[0]))
+                parts.append(torch.zeros(dims.n_text_state, dtype=hf[name.replace("k_proj", "v_proj")].dtype))
             else:
                 raise WeightsError(f"checkpoint lacks {name}")
         sd[ours] = torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,147 @@
+"""`streamer serve`, `streamer transcribe FILE...`, `streamer loadtest`.
+
+stdout carries only transcripts, so the CLI composes in pipes; progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+
+from streamer.config import load_settings
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="tiny.en (default, embedded) | base | a local directory | a Hugging Face hub id")
+    p.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", help="auto (default: float32 on the CPU, float16 on CUDA) | float16 | bfloat16 | float32")
+
+
+def _settings(args, **server):
+    return load_settings(model={"model": args.model, "device": args.device, "dtype": args.dtype}, server=server)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="streamer", description="Real-time Whisper transcription server")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server (WebSocket, Realtime, WebRTC, file endpoints, web demo)")
+    _model_flags(serve)
+    serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")
+    serve.add_argument("--api-key", help="require this key (env API_KEY)")
+
+    tr = sub.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
+    tr.add_argument("files", nargs="+", metavar="FILE")
+    _model_flags(tr)
+    tr.add_argument("--language", help="language code; default: detect (multilingual models) or en")
+    tr.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    tr.add_argument("--format", default="text", choices=["text", "json", "verbose_json", "srt", "vtt"])
+    tr.add_argument("--mode", default=None, choices=["fast", "accurate"], help="long-form mode (default: env MODE or fast)")
+    tr.add_argument("--word-timestamps", action="store_true", help="word-level times (json/verbose_json)")
+    tr.add_argument("--prompt", help="text to condition the first window on (names, spelling)")
+    tr.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    lt = sub.add_parser("loadtest", help="stream real recordings from N concurrent clients to a server")
+    lt.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of benchmarks/bench_streaming.py")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from streamer.server.app import serve as run_server
+
+        logging.getLogger("streamer").setLevel(os.environ.get("LOG_LEVEL", "INFO"))
+        run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key))
+        return 0
+    if args.command == "transcribe":
+        return asyncio.run(_transcribe(args))
+    if args.command == "loadtest":
+        from streamer.loadtest import main as loadtest_main
+
+        return loadtest_main(args.rest)
+    return 2
+
+
+class _Progress:
+    """One line per file on stderr, redrawn in place on a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.last: dict[str, int] = {}
+
+    def __call__(self, name: str, duration: float, fraction: float) -> None:
+        if not self.enabled or duration <= 30:
+            return
+        pct = int(100 * fraction)
+        step = 1 if self.tty else 10
+        if pct // step == self.last.get(name, -1) // step and pct < 100:
+            return
+        self.last[name] = pct
+        bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+        line = f"{name}: [{bar}] {pct:3d}% of {duration / 60:.1f} min"
+        sys.stderr.write(("\r" + line + ("\n" if pct >= 100 else "")) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+
+async def _transcribe(args) -> int:
+    from streamer.audio.decode import AudioDecodeError, decode_audio
+    from streamer.engine.engine import Engine
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform import transcribe_long
+    from streamer.longform.formats import render
+    from streamer.model.weights import WeightsError
+
+    settings = _settings(args)
+    mode = args.mode or settings.server.mode
+    try:
+        engine = Engine.load(settings.model, settings.engine)
+    except (WeightsError, ValueError, RuntimeError) as e:
+        print(f"streamer: cannot load model {settings.model.model!r}: {e}", file=sys.stderr)
+        return 2
+    if args.task == "translate" and not engine.tokenizer.multilingual:
+        print(f"streamer: {engine.model_name} is English-only and cannot translate; use --model base", file=sys.stderr)
+        return 2
+    options = DecodeOptions(task=args.task, language=args.language, prompt=args.prompt, timestamps=True)
+    progress = _Progress(not args.quiet)
+
+    async def one(path: str):
+        try:
+            audio = await asyncio.to_thread(decode_audio, path, max_seconds=settings.server.max_audio_s)
+        except AudioDecodeError as e:
+            return path, e
+        name, duration = os.path.basename(path), len(audio) / 16000
+        t0 = time.perf_counter()
+        transcript = await transcribe_long(engine, audio, mode=mode, options=options, word_timestamps=args.word_timestamps,
+                                           on_progress=lambda f: progress(name, duration, f))
+        logging.getLogger("streamer").info("%s: %.1f s of audio in %.2f s", name, duration, time.perf_counter() - t0)
+        return path, transcript
+
+    try:
+        # Every file at once: their windows share engine steps.
+        results = await asyncio.gather(*(one(p) for p in args.files))
+    except ValueError as e:  # e.g. an unknown --language
+        print(f"streamer: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
+    failed = 0
+    for path, result in results:
+        if isinstance(result, Exception):
+            print(f"streamer: {result}", file=sys.stderr)
+            failed += 1
+            continue
+        if len(results) > 1 and args.format == "text":
+            print(f"==> {path} <==")
+        text = render(result, args.format, task=args.task)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

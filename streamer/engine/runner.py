@@ -127,10 +127,10 @@ class Runner:
 
     # --- decoder step -------------------------------------------------------------------------------
 
-    def _decode_rows(self, b: int, noise) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_rows(self, b: int, noise, kv_len: int | None = None, timestamps: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         dec = self.model.decoder
-        hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache)
-        tokens, logprobs = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise)
+        hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len)
+        tokens, logprobs = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise, timestamps)
         self.state.advance(tokens, self.tok.timestamp_begin)
         self.tokens_in[:b] = tokens
         # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.
@@ -140,7 +140,9 @@ class Runner:
     def _decode(self, n: int, any_hot: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.use_graphs:
             noise = torch.rand(n, self.dims.n_vocab, device=self.device) if any_hot else None
-            tokens, logprobs = self._decode_rows(n, noise)
+            kv_len = max(len(s.initial) + len(s.tokens) for s in self.slots)  # > every row's position
+            timestamps = any(s.request.options.timestamps for s in self.slots)
+            tokens, logprobs = self._decode_rows(n, noise, kv_len, timestamps)
             return tokens.cpu(), logprobs.float().cpu()
         b = next(x for x in GRAPH_BUCKETS if x >= n) if n <= GRAPH_BUCKETS[-1] else n
         if self.noise is None:
@@ -205,7 +207,7 @@ class Runner:
             tokens[i, :len(s.initial)] = torch.tensor(s.initial)
         tokens = tokens.to(self.device)
         positions = torch.arange(length, device=self.device).expand(k, length)
-        hidden = dec(tokens, positions, lo, self.cache)
+        hidden = dec(tokens, positions, lo, self.cache, length)
         rows = torch.arange(k, device=self.device)
         last = torch.tensor([len(s.initial) - 1 for s in seqs], device=self.device)
         sot = torch.tensor([s.sot_index for s in seqs], device=self.device)
@@ -216,7 +218,8 @@ class Runner:
         self.state.reset(rs, [r.options.timestamps for r in requests], [r.temperature for r in requests])
         hot = any(r.temperature > 0 for r in requests)
         noise = torch.rand(k, self.dims.n_vocab, device=self.device) if hot else None
-        sampled, logprobs = self.rules.sample(logits, self.state.rows(rs), noise)
+        sampled, logprobs = self.rules.sample(logits, self.state.rows(rs), noise,
+                                              any(r.options.timestamps for r in requests))
         self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)
         self.tokens_in[rs] = sampled
         self.positions[rs] = last + 1

@@ -17,6 +17,10 @@ from torch import Tensor
 from streamer.model.tokenizer import Tokenizer
 
 MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp may not be later (openai's default)
+# Above this no-speech probability a window is silence even when its text is confidently decoded:
+# Whisper's classic hallucination on silence ("you", "Thank you.") comes with a high log-prob.
+# Real speech measured here stays far below (jfk.ogg: 0.03; digital silence: 0.95).
+NO_SPEECH_CERTAIN = 0.9
 NEG_INF = float("-inf")
 
 
@@ -84,13 +88,18 @@ class LogitRules:
         self.late_initial = ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
         self.ids = ids
 
-    def apply(self, logits: Tensor, st: SamplerState) -> Tensor:
-        """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1)."""
+    def apply(self, logits: Tensor, st: SamplerState, timestamps: bool = True) -> Tensor:
+        """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1).
+
+        `timestamps=False` promises that no row has timestamp rules on, and skips them.
+        """
         b = logits.shape[0]
         n, last, pen, last_ts = st.n_sampled[:b, None], st.last[:b, None], st.penultimate[:b, None], st.last_timestamp[:b, None]
         ts_on = st.timestamps[:b, None]
         at_begin = n == 0
         forbid = self.suppress[None] | (at_begin & self.begin_suppress[None])
+        if not timestamps:
+            return logits.masked_fill(forbid, NEG_INF)
 
         # Timestamp rules (openai/whisper's ApplyTimestampRules, vectorised): timestamps come in
         # pairs, never decrease, each segment is non-empty, and the first one comes within 1 s.
@@ -112,13 +121,13 @@ class LogitRules:
         best_text = logprobs.masked_fill(self.is_timestamp[None], NEG_INF).amax(-1, keepdim=True)
         return logits.masked_fill(ts_on & (ts_mass > best_text) & ~self.is_timestamp[None], NEG_INF)
 
-    def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+    def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None, timestamps: bool = True) -> tuple[Tensor, Tensor]:
         """(tokens [B], their log-probabilities [B]) after the rules; greedy where temperature is 0.
 
         `noise` [B, V] uniform(0, 1) draws (made outside any CUDA graph) for the Gumbel-max trick.
         """
         b = logits.shape[0]
-        logits = self.apply(logits, st)
+        logits = self.apply(logits, st, timestamps)
         logprobs = torch.log_softmax(logits, dim=-1)
         temp = st.temperature[:b, None]
         if noise is None:
@@ -147,9 +156,12 @@ def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options
 
 
 def is_silence(avg_logprob: float, no_speech_prob: float, options) -> bool:
-    """No speech: the no-speech probability is high and the text is not confidently decoded."""
+    """No speech: the no-speech probability is high and the text is not confidently decoded,
+    or the no-speech probability is near certain."""
     if options.no_speech_threshold is None or no_speech_prob <= options.no_speech_threshold:
         return False
+    if no_speech_prob > max(NO_SPEECH_CERTAIN, options.no_speech_threshold):
+        return True
     return options.logprob_threshold is None or avg_logprob < options.logprob_threshold
 
 

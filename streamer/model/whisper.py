@@ -172,20 +172,23 @@ class TextDecoder(nn.Module):
             cache.cross_k[i][start:start + b] = _split_heads(k, block.n_head)
             cache.cross_v[i][start:start + b] = _split_heads(v, block.n_head)
 
-    def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache, kv_len: int | None = None) -> Tensor:
         """Hidden states [B, T, D] of `tokens` [B, T] at `positions` [B, T] in slots [start, start + B).
 
         Each row attends to its own slot's earlier positions (≤ its position), so rows of different
         lengths share one call. Slots are a contiguous range: the batch is a view of the cache.
+        `kv_len` (> every position) limits self-attention to the cache's used prefix; without it
+        the whole context is read (static shapes, for CUDA graphs).
         """
         b = tokens.shape[0]
+        kv_len = kv_len or self.dims.n_text_ctx
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         rows = torch.arange(b, device=tokens.device)[:, None].expand_as(positions)
-        key_pos = torch.arange(self.dims.n_text_ctx, device=tokens.device)
-        mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, ctx]
+        key_pos = torch.arange(kv_len, device=tokens.device)
+        mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, kv_len]
         s = slice(start, start + b)
         for i, block in enumerate(self.blocks):
-            x = block(x, (rows, positions), mask, cache.self_k[i][s], cache.self_v[i][s],
+            x = block(x, (rows, positions), mask, cache.self_k[i][s, :, :kv_len], cache.self_v[i][s, :, :kv_len],
                       cache.cross_k[i][s], cache.cross_v[i][s])
         return x
 

@@ -1,0 +1,25 @@
+# The two README commands: `make serve` (install + run on the embedded tiny.en, CPU, offline)
+# and `make test` (install everything the tests need + run them). Both use the active python.
+PY ?= python3
+
+# torch first: the CPU wheel (a range or a plain `torch` would pull a multi-GB CUDA build).
+torch:
+	$(PY) -m pip install -q torch==2.13.0
+
+install: torch
+	$(PY) -m pip install -q -e .
+
+serve: install
+	streamer serve
+
+# Chromium + ChromeDriver for the browser tests (Debian packages; skipped when already there).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -q && apt-get install -y -q chromium chromium-driver; } || \
+	  { sudo apt-get update -q && sudo apt-get install -y -q chromium chromium-driver; }
+
+test: torch browser
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pytest -q
+
+.PHONY: torch install serve browser test

@@ -1,0 +1,277 @@
+"""Word timestamps: where each decoded word lies in its window's audio.
+
+openai/whisper's method. A few cross-attention heads of the decoder (the model's
+`alignment_heads`) look at the audio frames where the token being predicted is spoken. We rerun the
+model once over a window's whole text (no KV cache: the encoder, then a plain full-sequence decoder
+pass with a causal mask), keep those heads' attention weights, normalise them, and find the
+cheapest monotonic path from the first token to the last through the token x frame matrix (dynamic
+time warping). The frame where the path first reaches a token's row is when that token starts.
+
+The pass is written here from the model's own modules, so that `whisper.py` stays the cached,
+slot-based decoder the engine steps and never has to return attention weights. It must run on the
+model's thread: callers go through `engine.call(find_word_timings, ...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from streamer.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
+from streamer.engine.request import Word
+from streamer.model.weights import LoadedModel
+
+FRAMES_PER_SECOND = SAMPLE_RATE // (2 * HOP_LENGTH)
+"""Encoder frames per second (50: the encoder's second convolution halves the 100 mel frames)."""
+SAMPLES_PER_FRAME = 2 * HOP_LENGTH
+MEDIAN_FILTER_WIDTH = 7
+"""Frames (140 ms) of the median filter over each head's weights: removes one-frame spikes."""
+MAX_BATCH = 8
+"""Windows per forward pass: bounds the [B, heads, tokens, 1500] weights (~90 MB in float32)."""
+MAX_WORD_S = 0.7
+"""Cap on the median word duration used to trim words stretched over pauses."""
+SENTENCE_END = ".。!！?？"
+PREPEND_PUNCTUATION = "\"'“¿([{-"
+"""Marks that belong to the word after them (opening quotes and brackets)."""
+APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+"""Marks that belong to the word before them."""
+
+
+@dataclass
+class AlignmentItem:
+    """One window to align: its audio and the text tokens decoded from it."""
+
+    audio: np.ndarray
+    """float32 samples at 16 kHz, at most 30 s: the same window the text came from."""
+    tokens: list[int]
+    """Text tokens of the window in order (all its segments), without special or timestamp tokens."""
+
+
+@dataclass
+class WordTiming:
+    """A word and its span in seconds from the start of its window."""
+
+    word: str
+    tokens: list[int]
+    start: float
+    end: float
+    probability: float
+
+
+@torch.inference_mode()
+def find_word_timings(loaded: LoadedModel, items: list[AlignmentItem], language: str | None = "en",
+                      task: str = "transcribe") -> list[list[WordTiming]]:
+    """Word timings of each item's tokens; one forward pass per MAX_BATCH windows.
+
+    `language` and `task` rebuild the start-of-transcript sequence the text was decoded after
+    (multilingual models only). Items without tokens get no words.
+    """
+    out: list[list[WordTiming]] = [[] for _ in items]
+    todo = [i for i, item in enumerate(items) if item.tokens]
+    for k in range(0, len(todo), MAX_BATCH):
+        batch = todo[k:k + MAX_BATCH]
+        for i, timings in zip(batch, _align_batch(loaded, [items[i] for i in batch], language, task)):
+            out[i] = timings
+    return out
+
+
+def _align_batch(loaded: LoadedModel, items: list[AlignmentItem], language: str | None, task: str) -> list[list[WordTiming]]:
+    tok, model = loaded.tokenizer, loaded.model
+    param = next(model.parameters())
+    sot = tok.sot_sequence(language or "en", task, timestamps=False)  # ends with <|notimestamps|>
+    rows = [sot + item.tokens + [tok.eot] for item in items]
+    length = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), length), tok.eot, dtype=torch.long)
+    for b, r in enumerate(rows):
+        tokens[b, :len(r)] = torch.tensor(r)
+    mel = log_mel_spectrogram([item.audio for item in items], loaded.dims.n_mels, device=param.device)
+    weights, hidden = _cross_attention(loaded, mel.to(param.dtype), tokens.to(param.device))
+
+    results = []
+    first = len(sot) - 1  # the row that predicts the first text token (query at <|notimestamps|>)
+    for b, item in enumerate(items):
+        n_text = len(item.tokens)
+        n_frames = max(1, min(len(item.audio) // SAMPLES_PER_FRAME, weights.shape[-1]))
+        # Rows predicting each text token and then end-of-text: n_text + 1 rows.
+        w = weights[b, :, first:first + n_text + 1, :n_frames].softmax(dim=-1)
+        std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
+        w = median_filter((w - mean) / std.clamp_min(1e-8), MEDIAN_FILTER_WIDTH)
+        matrix = w.mean(dim=0).double().cpu().numpy()  # [n_text + 1, n_frames]
+
+        logits = model.decoder.logits(hidden[b, first:first + n_text])[:, :tok.eot]
+        probs = logits.softmax(dim=-1).gather(1, torch.tensor(item.tokens, device=logits.device)[:, None])[:, 0]
+        results.append(_word_timings(tok, matrix, item.tokens, probs.float().cpu().numpy()))
+    return results
+
+
+def _cross_attention(loaded: LoadedModel, mel: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """Pre-softmax cross-attention logits of the alignment heads [B, A, T, 1500] (float32) and the
+    decoder's hidden states [B, T, D], for `tokens` [B, T] over the windows' `mel` [B, n_mels, 3000].
+
+    Rows are padded at the end; the causal mask keeps padding out of every real position.
+    """
+    model = loaded.model
+    dec = model.decoder
+    audio = model.encoder(mel)  # [B, 1500, D]
+    heads_of: dict[int, list[int]] = {}
+    for layer, head in loaded.alignment_heads:
+        heads_of.setdefault(layer, []).append(head)
+
+    t = tokens.shape[1]
+    x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
+    captured = []
+    for i, block in enumerate(dec.blocks):
+        n = block.n_head
+        q, k, v = (_heads(y, n) for y in block.qkv(block.attn_ln(x)).chunk(3, dim=-1))
+        x = x + block.attn_out(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        q = _heads(block.cross_q(block.cross_ln(x)), n)
+        k, v = (_heads(y, n) for y in block.cross_kv(audio).chunk(2, dim=-1))
+        x = x + block.cross_out(_merge(F.scaled_dot_product_attention(q, k, v)))
+        if i in heads_of:
+            h = heads_of[i]
+            # Explicitly for the few heads we need; SDPA above never materialises the weights.
+            captured.append(q[:, h].float() @ k[:, h].float().transpose(-1, -2) * q.shape[-1] ** -0.5)
+        x = x + block.fc2(F.gelu(block.fc1(block.mlp_ln(x))))
+    return torch.cat(captured, dim=1), x
+
+
+def _heads(x: Tensor, n_head: int) -> Tensor:
+    # [B, T, D] -> [B, H, T, Dh]
+    b, t, d = x.shape
+    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
+
+
+def _merge(x: Tensor) -> Tensor:
+    # [B, H, T, Dh] -> [B, T, D]
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)
+
+
+def median_filter(x: Tensor, width: int) -> Tensor:
+    """Median over a sliding window of `width` (odd) along the last axis, edges reflected."""
+    pad = width // 2
+    if x.shape[-1] <= pad:  # reflection needs more frames than the padding
+        return x
+    flat = x.reshape(-1, 1, x.shape[-1])
+    padded = F.pad(flat, (pad, pad), mode="reflect")
+    return padded.unfold(-1, width, 1).median(dim=-1).values.reshape(x.shape)
+
+
+def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest path through `cost` [N, M] from (0, 0) to (N-1, M-1) that moves one row down,
+    one column right, or both at each step: (row indices, column indices) along it.
+
+    The accumulated cost obeys acc[i, j] = cost[i, j] + min(acc[i-1, j-1], acc[i-1, j], acc[i, j-1]).
+    Within a row the last term chains left to right; unrolled, acc[i, j] is the prefix sum of the
+    row up to j plus a running minimum of (best entry from the row above at k) - (prefix sum before
+    k), so each row is a handful of vectorised numpy operations instead of M Python steps.
+    """
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    for i in range(1, n + 1):
+        from_above = np.minimum(acc[i - 1, :-1], acc[i - 1, 1:])  # enter column j from row i-1
+        prefix = np.concatenate(([0.0], np.cumsum(cost[i - 1])))
+        acc[i, 1:] = prefix[1:] + np.minimum.accumulate(from_above - prefix[:-1])
+    rows, cols = [], []
+    i, j = n, m
+    while i > 0 and j > 0:  # the borders are infinite except acc[0, 0]: the walk ends at (1, 1)
+        rows.append(i - 1)
+        cols.append(j - 1)
+        diag, up, left = acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]
+        if diag <= up and diag <= left:
+            i, j = i - 1, j - 1
+        elif up <= left:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(rows[::-1]), np.array(cols[::-1])
+
+
+def _word_timings(tok, matrix: np.ndarray, tokens: list[int], probs: np.ndarray) -> list[WordTiming]:
+    rows, cols = dtw(-matrix)
+    entered = np.concatenate(([True], np.diff(rows) > 0))
+    times = cols[entered] / FRAMES_PER_SECOND  # when the path reaches each row: [n_text + 1]
+    words, groups = tok.split_words(tokens)
+    bounds = np.cumsum([0] + [len(g) for g in groups])
+    starts, ends = times[bounds[:-1]].copy(), times[bounds[1:]].copy()
+    timings = [WordTiming(w, g, float(s), float(e), float(probs[a:b].mean()))
+               for w, g, s, e, a, b in zip(words, groups, starts, ends, bounds[:-1], bounds[1:])]
+    _trim_at_sentence_ends(timings)
+    return merge_punctuation(timings)
+
+
+def _trim_at_sentence_ends(timings: list[WordTiming]) -> None:
+    """A pause after a sentence shows up as one very long word on either side of it (the attention
+    has nothing to follow there); cap such words at twice the median word length."""
+    durations = [t.end - t.start for t in timings if t.end > t.start]
+    if not durations:
+        return
+    longest = 2 * min(MAX_WORD_S, float(np.median(durations)))
+    for prev, cur in zip(timings, timings[1:]):
+        if cur.end - cur.start > longest:
+            if cur.word.strip() in SENTENCE_END:
+                cur.end = cur.start + longest
+            elif prev.word.strip() in SENTENCE_END:
+                cur.start = cur.end - longest
+
+
+def merge_punctuation(timings: list[WordTiming]) -> list[WordTiming]:
+    """Attach standalone punctuation to its word: closing marks to the word before them, a spaced
+    opening mark (` (`, ` "`) to the word after it, whose times it takes."""
+    merged: list[WordTiming] = []
+    for t in timings:
+        if merged and not t.word.startswith(" ") and _only(t.word, APPEND_PUNCTUATION):
+            p = merged[-1]
+            merged[-1] = WordTiming(p.word + t.word, p.tokens + t.tokens, p.start, p.end, p.probability)
+        elif merged and merged[-1].word.startswith(" ") and _only(merged[-1].word.strip(), PREPEND_PUNCTUATION):
+            p = merged.pop()
+            merged.append(WordTiming(p.word + t.word, p.tokens + t.tokens, t.start, t.end, t.probability))
+        else:
+            merged.append(t)
+    return merged
+
+
+def _only(text: str, marks: str) -> bool:
+    return bool(text) and all(c in marks for c in text)
+
+
+def words_in_segments(timings: list[WordTiming], segments: list[tuple[float, float, int]],
+                      offset: float = 0.0) -> list[list[Word]]:
+    """Share one window's word timings among its segments and make them absolute.
+
+    `segments` are (start, end, number of text tokens) in seconds from the start of the recording;
+    `offset` is where the window starts. A word goes to the segment that holds its first token;
+    each word is clamped into its segment, after the previous word, and a first or last word
+    stretched over the pause at the segment's edge is cut to twice the median word length.
+    """
+    durations = [t.end - t.start for t in timings if t.end > t.start]
+    longest = 2 * min(MAX_WORD_S, float(np.median(durations))) if durations else MAX_WORD_S
+    out: list[list[Word]] = []
+    index, consumed = 0, 0
+    previous_end = 0.0
+    for seg_start, seg_end, n_tokens in segments:
+        words: list[Word] = []
+        consumed_target = consumed + n_tokens
+        while index < len(timings) and consumed < consumed_target:
+            t = timings[index]
+            start = min(max(offset + t.start, seg_start, previous_end), seg_end)
+            end = min(max(offset + t.end, start), seg_end)
+            words.append(Word(start=round(start, 3), end=round(end, 3), word=t.word, probability=t.probability))
+            previous_end = end
+            consumed += len(t.tokens)
+            index += 1
+        if words:
+            first, last = words[0], words[-1]
+            if first.end - first.start > longest:
+                first.start = round(first.end - longest, 3)
+            if len(words) > 1 and last.end - last.start > longest:
+                last.end = round(last.start + longest, 3)
+                previous_end = last.end
+        out.append(words)
+    return out
+

@@ -1,0 +1,135 @@
+"""The engine on real weights and audio: batched equals unbatched, cancellation, limits, silence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from streamer.audio.decode import decode_audio
+from streamer.config import EngineConfig
+from streamer.engine.engine import Cancelled, Engine
+from streamer.engine.request import DecodeOptions, Priority
+from streamer.engine.scheduler import QueueFull
+from streamer.model.weights import load_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny.en")
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_model("base")
+
+
+def _pick(manifest, language, n, skip=0):
+    rows = [r for r in manifest if r["language"] == language and "asterisk/" in r["audio"]][skip:]
+    return [decode_audio(r["audio"]) for r in rows[: n]]
+
+
+async def _each_alone(engine, jobs):
+    return [await engine.transcribe(a, o) for a, o in jobs]
+
+
+async def _all_at_once(engine, jobs):
+    return await asyncio.gather(*(engine.transcribe(a, o) for a, o in jobs))
+
+
+def test_batched_equals_unbatched_across_lengths_languages_prompts(base, manifest):
+    """Greedy fp32: a window's tokens do not depend on what shares its steps."""
+    es, fr, en = _pick(manifest, "es", 2, skip=1), _pick(manifest, "fr", 2, skip=1), _pick(manifest, "en", 2, skip=40)
+    jobs = [
+        (es[0], DecodeOptions()),  # detect
+        (es[1], DecodeOptions(language="es", prompt="Por favor, marque el número.")),
+        (fr[0], DecodeOptions(language="fr")),
+        (fr[1], DecodeOptions(timestamps=True)),
+        (en[0], DecodeOptions(language="en", prompt="Asterisk telephone prompts.")),
+        (en[1][: len(en[1]) // 2], DecodeOptions(language="en")),  # a cut, shorter window
+        (es[0], DecodeOptions(task="translate", language="es")),
+    ]
+    engine = Engine(base, EngineConfig(max_slots=8, max_encoder_batch=3))
+    try:
+        alone = asyncio.run(_each_alone(engine, jobs))
+        together = asyncio.run(_all_at_once(engine, jobs))
+    finally:
+        engine.close()
+    for a, b in zip(alone, together):
+        assert a.tokens == b.tokens and a.language == b.language
+    assert [r.language for r in together[:4]] == ["es", "es", "fr", "fr"]
+    assert all(r.text for r in together)
+    assert together[3].segments and all(s.end >= s.start for s in together[3].segments)
+
+
+def test_many_windows_share_steps(tiny, manifest):
+    audios = _pick(manifest, "en", 12)
+    engine = Engine(tiny, EngineConfig(max_slots=16, max_encoder_batch=4))
+    try:
+        results = asyncio.run(_all_at_once(engine, [(a, DecodeOptions()) for a in audios]))
+        m = engine.metrics()
+    finally:
+        engine.close()
+    assert all(r.text for r in results)
+    # Continuous batching: far fewer decoder steps than tokens decoded.
+    assert m["steps"] < 0.5 * m["tokens"]
+
+
+def test_silence_and_noise_give_no_words(tiny):
+    rng = np.random.default_rng(0)
+    silence = np.zeros(16000 * 5, np.float32)
+    noise = (0.01 * rng.standard_normal(16000 * 5)).astype(np.float32)
+    engine = Engine(tiny, EngineConfig(max_slots=4))
+    try:
+        results = asyncio.run(_all_at_once(engine, [(silence, DecodeOptions()), (noise, DecodeOptions())]))
+    finally:
+        engine.close()
+    assert [r.text for r in results] == ["", ""]
+    assert all(r.no_speech_prob > 0.5 for r in results)
+
+
+def test_cancel_replace_and_queue_bound(tiny, jfk_path):
+    audio = decode_audio(jfk_path)
+
+    async def main(engine):
+        first = engine.submit(audio, priority=Priority.PARTIAL, session_id="s")
+        second = engine.submit(audio, priority=Priority.PARTIAL, session_id="s")  # replaces `first` if still queued
+        third = engine.submit(audio, priority=Priority.FILE)
+        third.cancel()
+        with pytest.raises(Cancelled):
+            await third.result()
+        result = await second.result()
+        try:
+            await first.result()
+        except Cancelled:
+            pass
+        with pytest.raises(QueueFull):
+            for _ in range(10):
+                engine.submit(audio, priority=Priority.FILE)
+        return result
+
+    engine = Engine(tiny, EngineConfig(max_slots=2, max_queue=4))
+    try:
+        result = asyncio.run(main(engine))
+    finally:
+        engine.close()
+    assert "country" in result.text
+
+
+def test_tokens_stream_before_the_result(tiny, jfk_path):
+    audio = decode_audio(jfk_path)
+
+    async def main(engine):
+        handle = engine.submit(audio, stream_tokens=True)
+        seen = [(tok, time.monotonic()) async for tok in handle.tokens()]
+        result = await handle.result()
+        return seen, result
+
+    engine = Engine(tiny)
+    try:
+        seen, result = asyncio.run(main(engine))
+    finally:
+        engine.close()
+    assert [t for t, _ in seen if t != tiny.tokenizer.eot] == result.tokens

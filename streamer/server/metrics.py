@@ -1,0 +1,69 @@
+"""Prometheus metrics of the gateway, in a registry of its own (one per app, so tests can build many).
+
+Latencies are observed where they end (the event leaving the server); engine gauges are read
+from `engine.metrics()` at scrape time, so they cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+"""Seconds; dense under 1 s, where the finalisation target lies."""
+
+
+class _EngineCollector(Collector):
+    """Engine queue and batch state, read when Prometheus scrapes."""
+
+    def __init__(self, engine_metrics: Callable[[], dict | None]):
+        self._engine_metrics = engine_metrics
+
+    def collect(self) -> Iterator:
+        m = self._engine_metrics()
+        if m is None:
+            return
+        gauges = {
+            "queue_depth": "Windows waiting for admission",
+            "live_sequences": "Sequences decoding in the engine",
+            "free_slots": "Free decoder slots",
+            "slots": "Decoder slots",
+            "tokens_per_s": "Tokens decoded per second since the engine started",
+        }
+        for key, help_text in gauges.items():
+            yield GaugeMetricFamily(f"streamer_engine_{key}", help_text, value=float(m.get(key, 0)))
+        for key, help_text in {"tokens": "Tokens decoded", "windows": "Windows encoded", "steps": "Engine steps"}.items():
+            yield CounterMetricFamily(f"streamer_engine_{key}", help_text, value=float(m.get(key, 0)))
+
+
+class Metrics:
+    """The gateway's counters, gauges and histograms."""
+
+    def __init__(self, engine_metrics: Callable[[], dict | None]):
+        """`engine_metrics` returns `engine.metrics()`, or None while no engine is loaded."""
+        self.registry = CollectorRegistry()
+        self.sessions = Gauge("streamer_sessions", "Live streams", ["transport"], registry=self.registry)
+        self.first_partial = Histogram(
+            "streamer_time_to_first_partial_seconds",
+            "From the server receiving the audio where speech began to the first partial of that utterance",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.finalisation = Histogram(
+            "streamer_finalisation_latency_seconds",
+            "From the server receiving the audio at the end of speech to the final being sent",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.queue_wait = Histogram(
+            "streamer_window_queue_wait_seconds",
+            "From submitting a window to its first decoded token (queue wait plus the encoder pass)",
+            ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.errors = Counter("streamer_errors_total", "Error events and responses sent, by code", ["code"],
+                              registry=self.registry)
+        self.registry.register(_EngineCollector(engine_metrics))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of everything."""
+        return generate_latest(self.registry)

@@ -1,0 +1,536 @@
+"""`/v1/realtime`: OpenAI's Realtime API in transcription mode (docs/protocol.md, section 2).
+
+Base64 PCM16 in `input_audio_buffer.append` (24 kHz unless the session's format says another
+rate) is resampled and fed to a `Bridge`, whose events become Realtime events:
+
+    SpeechStarted -> input_audio_buffer.speech_started (server VAD only)
+    Partial       -> ...transcription.delta with the newly stable text (server VAD only)
+    SpeechStopped -> input_audio_buffer.speech_stopped (server VAD only)
+    Committed     -> input_audio_buffer.committed (a cut also gets speech_stopped / speech_started)
+    Finalized     -> the rest as a delta, then ...transcription.completed (or .failed), in commit order
+
+With `turn_detection: null` the client cuts items: the Session then runs with a VAD that hears
+speech everywhere and never ends it by silence (threshold 0, no negative threshold), so its one
+open utterance is exactly the audio appended since the last commit, and `commit` is `flush`.
+
+A `session.update` that changes the rate or the turn detection after audio has been appended
+commits the open item and starts a new segmentation (Session, resampler, Bridge) at the
+current stream time; the old one finishes its finals in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import functools
+import json
+import logging
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.websockets import WebSocket
+
+from streamer.audio.decode import StreamResampler
+from streamer.config import StreamingConfig
+from streamer.server.auth import authorized
+from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
+from streamer.server.state import ServerState
+from streamer.server.stream import FINISH_TIMEOUT_S, Outbox, ProtocolError, model_info, parse_language
+from streamer.streaming.events import Partial, SpeechStarted, SpeechStopped
+from streamer.streaming.session import Session
+
+log = logging.getLogger("streamer.server")
+
+DELTA = "conversation.item.input_audio_transcription.delta"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+FAILED = "conversation.item.input_audio_transcription.failed"
+
+DEFAULT_RATE = 24000
+"""OpenAI's only PCM rate, the default here."""
+MIN_RATE, MAX_RATE = 8000, 48000
+MIN_COMMIT_S = 0.1
+"""A manual commit of less audio than this is `input_audio_buffer_commit_empty` (as OpenAI)."""
+NEVER_MS = 10**9
+"""`min_silence_ms` of the manual mode's VAD: silence never ends an item."""
+
+
+def _id(prefix: str) -> str:
+    return prefix + secrets.token_hex(11)
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """Server VAD settings, mapped onto `VADConfig`."""
+
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+
+    def wire(self) -> dict:
+        return {"type": "server_vad", **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class RealtimeConfig:
+    """The session's effective configuration."""
+
+    rate: int
+    language: str | None
+    prompt: str
+    turn_detection: TurnDetection | None
+
+
+class InvalidValue(Exception):
+    def __init__(self, message: str, param: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+@dataclass
+class _Item:
+    id: str
+    sent: str = ""
+    """Text already sent as deltas."""
+    stopped: bool = False
+    """speech_stopped was sent."""
+
+
+@dataclass
+class _Segmentation:
+    """A Session with its resampler and bridge; `offset` is the stream time at which it began."""
+
+    number: int
+    config: RealtimeConfig
+    resampler: StreamResampler
+    bridge: Bridge
+    offset: float
+    committed_to: float = 0.0
+    """Session time up to which audio was committed (manual mode)."""
+
+    @property
+    def manual(self) -> bool:
+        return self.config.turn_detection is None
+
+
+class RealtimeStream:
+    """One `/v1/realtime` connection."""
+
+    transport = "realtime"
+
+    def __init__(self, ws: WebSocket, state: ServerState):
+        self.ws = ws
+        self.state = state
+        self.session_id = _id("sess_")
+        self.beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+        vad = state.settings.streaming.vad
+        self.config = RealtimeConfig(
+            rate=DEFAULT_RATE, language=state.settings.streaming.language, prompt="",
+            turn_detection=TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms))
+        self._outbox: Outbox | None = None
+        self._seg: _Segmentation | None = None
+        """The segmentation that takes new audio (None until the first append after a change)."""
+        self._segs: dict[int, _Segmentation] = {}
+        """Every segmentation with work left, the current one included, by number."""
+        self._retiring: set[asyncio.Task] = set()
+        self._numbers = 0
+        self._time_base = 0.0
+        """Stream time at which the next segmentation begins."""
+        self._items: dict[tuple[int, int], _Item] = {}
+        self._previous_item: str | None = None
+        self._order: deque[str] = deque()
+        """Committed items whose completion has not been sent, in commit order."""
+        self._completions: dict[str, list[tuple[str, dict]]] = {}
+        """Messages of finalised items waiting for earlier items' completions."""
+        self._receiver: asyncio.Task | None = None
+        self._grace: float | None = None
+        self._done = asyncio.Event()
+
+    # --- the connection -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        self._outbox = Outbox(self.ws)
+        try:
+            if not authorized(self.ws.scope, self.state.settings.server.api_key):
+                self._fatal("invalid_request_error", "invalid_api_key", "missing or wrong API key", 1008)
+            elif not self.state.admit(self):
+                limit = self.state.settings.server.max_sessions
+                self._fatal("server_error", "overloaded", f"the server is at its limit of {limit} live streams", 1013)
+            elif self.state.engine_saturated():
+                self.state.release(self)
+                self._fatal("server_error", "overloaded", "the engine queue is full; retry later", 1013)
+            else:
+                try:
+                    await self._serve()
+                finally:
+                    self.state.release(self)
+                    self._done.set()
+        finally:
+            await self._outbox.wait(FINISH_TIMEOUT_S)
+
+    async def _serve(self) -> None:
+        self._event("transcription_session.created" if self.beta else "session.created", session=self._session_wire())
+        self._receiver = asyncio.ensure_future(self._receive_loop())
+        await asyncio.wait([self._receiver])
+        reason = "shutdown" if self._receiver.cancelled() else self._receiver.result()
+        if reason in ("disconnect", "error"):
+            for seg in self._segs.values():
+                seg.bridge.close()
+            for task in self._retiring:
+                task.cancel()
+            if reason == "disconnect":
+                self._outbox.abandon()
+            return
+        timeout = self._grace if reason == "shutdown" else FINISH_TIMEOUT_S
+        self._retire(timeout)
+        if self._retiring:
+            await asyncio.wait(self._retiring)
+        self._outbox.close(1001 if reason == "shutdown" else 1000)
+
+    async def shutdown(self, grace_s: float) -> None:
+        self._grace = grace_s
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+        await self._done.wait()
+
+    def _event(self, type_: str, **fields: Any) -> None:
+        self._outbox.send({"type": type_, "event_id": _id("event_"), **fields})
+
+    def _error(self, type_: str, code: str, message: str, param: str | None = None,
+               client_event: str | None = None) -> None:
+        self.state.metrics.errors.labels(code).inc()
+        self._event("error", error={"type": type_, "code": code, "message": message, "param": param,
+                                    "event_id": client_event})
+
+    def _fatal(self, type_: str, code: str, message: str, close_code: int) -> None:
+        self._error(type_, code, message)
+        self._outbox.close(close_code)
+
+    # --- receiving ----------------------------------------------------------------------------------
+
+    async def _receive_loop(self) -> str:
+        """Client events until the connection ends; returns why: idle_timeout, disconnect or error."""
+        limit = self.state.settings.server.max_message_bytes
+        while True:
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), self.state.settings.server.idle_timeout_s)
+            except asyncio.TimeoutError:
+                return "idle_timeout"
+            if message["type"] == "websocket.disconnect":
+                return "disconnect"
+            text = message.get("text")
+            if text is None:
+                text = (message.get("bytes") or b"").decode("utf-8", "replace")
+            if len(text.encode()) > limit:
+                self._fatal("invalid_request_error", "message_too_large", f"a message is over the {limit}-byte limit", 1009)
+                return "error"
+            try:
+                self._on_text(text)
+            except Exception as e:  # a bug: tell the client, keep the server up
+                log.exception("realtime %s: internal error", self.session_id)
+                self._fatal("server_error", "internal_error", f"internal error: {type(e).__name__}", 1011)
+                return "error"
+
+    def _on_text(self, text: str) -> None:
+        try:
+            msg = json.loads(text)
+        except ValueError as e:
+            return self._error("invalid_request_error", "invalid_json", f"not valid JSON: {e}")
+        if not isinstance(msg, dict):
+            return self._error("invalid_request_error", "invalid_json", "an event must be a JSON object")
+        kind, client_event = msg.get("type"), msg.get("event_id")
+        client_event = client_event if isinstance(client_event, str) else None
+        try:
+            if kind == "input_audio_buffer.append":
+                self._append(msg.get("audio"))
+            elif kind == "input_audio_buffer.commit":
+                self._commit()
+            elif kind == "input_audio_buffer.clear":
+                self._clear()
+            elif kind in ("session.update", "transcription_session.update"):
+                self._update(msg.get("session"), beta=kind.startswith("transcription_session"))
+            else:
+                self._error("invalid_request_error", "unknown_event", f"unsupported event type {kind!r}",
+                            client_event=client_event)
+        except InvalidValue as e:
+            self._error("invalid_request_error", e.code, e.message, e.param, client_event)
+
+    def _append(self, audio: Any) -> None:
+        if not isinstance(audio, str):
+            raise InvalidValue("`audio` must be a base64 string", "audio", "invalid_audio")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidValue("`audio` is not valid base64", "audio", "invalid_audio") from None
+        if len(data) % 2:
+            raise InvalidValue(f"{len(data)} bytes is not a whole number of 16-bit samples", "audio", "invalid_audio")
+        seg = self._seg or self._begin()
+        seg.bridge.feed(seg.resampler.push(data))
+
+    def _commit(self) -> None:
+        seg = self._seg
+        if seg is not None and seg.manual:
+            if seg.bridge.session.stream_time - seg.committed_to >= MIN_COMMIT_S:
+                seg.committed_to = seg.bridge.session.stream_time
+                seg.bridge.flush()
+                return
+        elif seg is not None and seg.bridge.flush():
+            return
+        raise InvalidValue("the input audio buffer holds nothing to commit" if seg is None or seg.manual
+                           else "no speech is open to commit", "input_audio_buffer", "input_audio_buffer_commit_empty")
+
+    def _clear(self) -> None:
+        seg = self._seg
+        if seg is not None:
+            seg.bridge.drop_open()
+            seg.committed_to = seg.bridge.session.stream_time
+        self._event("input_audio_buffer.cleared")
+
+    def _update(self, session: Any, *, beta: bool) -> None:
+        if not isinstance(session, dict):
+            raise InvalidValue("`session` must be an object", "session")
+        config = self._parse_beta(session) if beta else self._parse_ga(session)
+        seg = self._seg
+        if seg is not None:
+            if seg.manual:
+                if seg.bridge.session.stream_time - seg.committed_to >= MIN_COMMIT_S:
+                    seg.committed_to = seg.bridge.session.stream_time
+                    seg.bridge.flush()
+            else:
+                seg.bridge.flush()
+            if (config.rate, config.turn_detection) != (seg.config.rate, seg.config.turn_detection):
+                self._retire(FINISH_TIMEOUT_S)
+            else:
+                seg.bridge.language = self._decoder_language(config.language)
+        self.config = config
+        if beta:
+            self._event("transcription_session.updated", session=self._session_wire(beta=True))
+        else:
+            self._event("session.updated", session=self._session_wire(beta=False))
+
+    # --- session configuration ----------------------------------------------------------------------
+
+    def _parse_ga(self, session: dict) -> RealtimeConfig:
+        if session.get("type", "transcription") != "transcription":
+            raise InvalidValue(f"session.type {session.get('type')!r} is not supported: this server only transcribes",
+                               "session.type", "unsupported_session_type")
+        audio = _object(session, "audio", "session")
+        inp = _object(audio, "input", "session.audio")
+        config = self.config
+        if "format" in inp:
+            fmt = _object(inp, "format", "session.audio.input")
+            if fmt.get("type", "audio/pcm") != "audio/pcm":
+                raise InvalidValue(f"format {fmt.get('type')!r} is not supported (only audio/pcm)",
+                                   "session.audio.input.format.type")
+            if "rate" in fmt:
+                config = dataclasses.replace(config, rate=_rate(fmt["rate"], "session.audio.input.format.rate"))
+        if "transcription" in inp:
+            config = self._transcription(config, inp["transcription"], "session.audio.input.transcription")
+        if "turn_detection" in inp:
+            config = self._turn_detection(config, inp["turn_detection"], "session.audio.input.turn_detection")
+        return config
+
+    def _parse_beta(self, session: dict) -> RealtimeConfig:
+        config = self.config
+        if "input_audio_format" in session:
+            if session["input_audio_format"] != "pcm16":
+                raise InvalidValue(f"input_audio_format {session['input_audio_format']!r} is not supported (only pcm16)",
+                                   "session.input_audio_format")
+            config = dataclasses.replace(config, rate=DEFAULT_RATE)
+        if "input_audio_transcription" in session:
+            config = self._transcription(config, session["input_audio_transcription"], "session.input_audio_transcription")
+        if "turn_detection" in session:
+            config = self._turn_detection(config, session["turn_detection"], "session.turn_detection")
+        return config
+
+    def _transcription(self, config: RealtimeConfig, value: Any, param: str) -> RealtimeConfig:
+        if value is None:
+            return config
+        if not isinstance(value, dict):
+            raise InvalidValue(f"{param} must be an object", param)
+        if "language" in value:
+            multilingual, languages = model_info(self.state)
+            try:
+                config = dataclasses.replace(config, language=parse_language(value["language"], multilingual, languages))
+            except ProtocolError as e:
+                raise InvalidValue(e.message, f"{param}.language") from None
+        if "prompt" in value:
+            if not isinstance(value["prompt"], str):
+                raise InvalidValue("prompt must be a string", f"{param}.prompt")
+            config = dataclasses.replace(config, prompt=value["prompt"])
+        return config
+
+    def _turn_detection(self, config: RealtimeConfig, value: Any, param: str) -> RealtimeConfig:
+        if value is None:
+            return dataclasses.replace(config, turn_detection=None)
+        if not isinstance(value, dict):
+            raise InvalidValue(f"{param} must be an object or null", param)
+        if value.get("type", "server_vad") != "server_vad":
+            raise InvalidValue(f"turn_detection.type {value.get('type')!r} is not supported (only server_vad)", f"{param}.type")
+        vad = self.state.settings.streaming.vad
+        current = config.turn_detection or TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms)
+        threshold = _range(value, "threshold", 0.0, 1.0, current.threshold, param, open_ends=True)
+        padding = _range(value, "prefix_padding_ms", 0, 2000, current.prefix_padding_ms, param, integer=True)
+        silence = _range(value, "silence_duration_ms", 0, 10000, current.silence_duration_ms, param, integer=True)
+        return dataclasses.replace(config, turn_detection=TurnDetection(threshold, padding, silence))
+
+    def _session_wire(self, beta: bool | None = None) -> dict:
+        beta = self.beta if beta is None else beta
+        c = self.config
+        transcription = {"model": self.state.engine.model_name, "language": c.language, "prompt": c.prompt}
+        turn = c.turn_detection.wire() if c.turn_detection is not None else None
+        if beta:
+            return {"id": self.session_id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
+                    "input_audio_transcription": transcription, "turn_detection": turn,
+                    "input_audio_noise_reduction": None, "include": []}
+        return {"object": "realtime.session", "type": "transcription", "id": self.session_id,
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": c.rate}, "noise_reduction": None,
+                                    "transcription": transcription, "turn_detection": turn}},
+                "include": []}
+
+    def _decoder_language(self, language: str | None) -> str | None:
+        multilingual, _ = model_info(self.state)
+        return language if multilingual else "en"
+
+    # --- segmentations ------------------------------------------------------------------------------
+
+    def _begin(self) -> _Segmentation:
+        """A new Session (and bridge) for the current config, at the current stream time."""
+        c = self.config
+        defaults: StreamingConfig = self.state.settings.streaming
+        if c.turn_detection is None:
+            vad = dataclasses.replace(defaults.vad, threshold=0.0, neg_threshold=0.0, min_silence_ms=NEVER_MS,
+                                      speech_pad_ms=0, min_speech_ms=0)
+            streaming = dataclasses.replace(defaults, vad=vad, partials=False)
+        else:
+            t = c.turn_detection
+            vad = dataclasses.replace(defaults.vad, threshold=t.threshold, speech_pad_ms=t.prefix_padding_ms,
+                                      min_silence_ms=t.silence_duration_ms, neg_threshold=None)
+            streaming = dataclasses.replace(defaults, vad=vad, partials=True)
+        self._numbers += 1
+        bridge = Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics,
+                        functools.partial(self._on_event, self._numbers), session_id=self.session_id,
+                        language=self._decoder_language(c.language), task="transcribe")
+        seg = _Segmentation(self._numbers, c, StreamResampler(c.rate, 1, "pcm_s16le"), bridge, self._time_base)
+        self._segs[seg.number] = seg
+        self._seg = seg
+        return seg
+
+    def _retire(self, timeout: float) -> None:
+        """Finish the current segmentation in the background: open item committed, finals delivered."""
+        seg, self._seg = self._seg, None
+        if seg is None:
+            return
+        seg.bridge.feed(seg.resampler.flush())
+        self._time_base = seg.offset + seg.bridge.session.stream_time
+        task = asyncio.ensure_future(seg.bridge.finish(timeout))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        task.add_done_callback(lambda _: self._segs.pop(seg.number, None))
+
+    # --- bridge events ------------------------------------------------------------------------------
+
+    def _item(self, number: int, utterance_id: int) -> _Item:
+        key = (number, utterance_id)
+        if key not in self._items:
+            self._items[key] = _Item(_id("item_"))
+        return self._items[key]
+
+    def _on_event(self, number: int, event: StreamEvent) -> None:
+        seg = self._segs[number]
+
+        def ms(t: float) -> int:
+            return int(round((seg.offset + t) * 1000))
+
+        if isinstance(event, SpeechStarted):
+            if not seg.manual:
+                item = self._item(number, event.utterance_id)
+                pad = seg.config.turn_detection.prefix_padding_ms / 1000.0
+                self._event("input_audio_buffer.speech_started", audio_start_ms=ms(max(0.0, event.t - pad)), item_id=item.id)
+        elif isinstance(event, Partial):
+            item = self._item(number, event.utterance_id)
+            # Only text that has become stable: deltas are never taken back.
+            if event.stable.startswith(item.sent) and len(event.stable) > len(item.sent):
+                self._event(DELTA, item_id=item.id, content_index=0, delta=event.stable[len(item.sent):])
+                item.sent = event.stable
+        elif isinstance(event, SpeechStopped):
+            if not seg.manual:
+                item = self._item(number, event.utterance_id)
+                item.stopped = True
+                self._event("input_audio_buffer.speech_stopped", audio_end_ms=ms(event.t), item_id=item.id)
+        elif isinstance(event, Committed):
+            self._on_committed(seg, event, ms)
+        elif isinstance(event, Finalized):
+            self._on_finalized(seg, event)
+
+    def _on_committed(self, seg: _Segmentation, event: Committed, ms) -> None:
+        item = self._item(seg.number, event.utterance_id)
+        # Server VAD without speech_stopped: a max-length cut, and speech goes on as the next item.
+        cut = not seg.manual and not item.stopped
+        if cut:
+            self._event("input_audio_buffer.speech_stopped", audio_end_ms=ms(event.speech_end), item_id=item.id)
+        self._event("input_audio_buffer.committed", item_id=item.id, previous_item_id=self._previous_item)
+        self._previous_item = item.id
+        self._order.append(item.id)
+        if cut:
+            following = self._item(seg.number, event.utterance_id + 1)
+            self._event("input_audio_buffer.speech_started", audio_start_ms=ms(event.end), item_id=following.id)
+
+    def _on_finalized(self, seg: _Segmentation, event: Finalized) -> None:
+        item = self._items.pop((seg.number, event.utterance_id))
+        messages: list[tuple[str, dict]] = []
+        if event.error is not None:
+            messages.append((FAILED, {"item_id": item.id, "content_index": 0, "error": {
+                "type": "server_error", "code": "internal_error", "message": event.error, "param": None}}))
+        else:
+            transcript = event.final.text if event.final is not None else ""
+            if seg.manual:
+                rest = transcript
+            else:
+                rest = transcript[len(item.sent):] if transcript.startswith(item.sent) else ""
+            if rest:
+                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": rest}))
+            messages.append((COMPLETED, {"item_id": item.id, "content_index": 0, "transcript": transcript,
+                                         "usage": {"type": "duration", "seconds": round(event.duration, 3)}}))
+        self._completions[item.id] = messages
+        # Completions go out in commit order, whichever segmentation finished first.
+        while self._order and self._order[0] in self._completions:
+            for type_, fields in self._completions.pop(self._order.popleft()):
+                self._event(type_, **fields)
+
+
+async def realtime_endpoint(ws: WebSocket) -> None:
+    await RealtimeStream(ws, ws.app.state.streamer).run()
+
+
+def _object(parent: dict, name: str, where: str) -> dict:
+    value = parent.get(name, {})
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise InvalidValue(f"{where}.{name} must be an object", f"{where}.{name}")
+    return value
+
+
+def _rate(value: Any, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_RATE <= value <= MAX_RATE:
+        raise InvalidValue(f"rate must be a whole number of Hz from {MIN_RATE} to {MAX_RATE}, not {json.dumps(value)}", param)
+    return value
+
+
+def _range(obj: dict, name: str, low: float, high: float, default, where: str, *, integer: bool = False,
+           open_ends: bool = False):
+    if name not in obj or obj[name] is None:
+        return default
+    value = obj[name]
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (not integer or value == int(value))
+    inside = ok and (low < value < high if open_ends else low <= value <= high)
+    if not inside:
+        bounds = f"{low} < x < {high}" if open_ends else f"{low}..{high}"
+        raise InvalidValue(f"{name} must be {'a whole number ' if integer else 'a number '}in {bounds}, not {json.dumps(value)}",
+                           f"{where}.{name}")
+    return int(value) if integer else float(value)

@@ -1,0 +1,83 @@
+"""What the gateway shares across requests: settings, the engine, the VAD model, metrics, live streams.
+
+Every live stream of every transport registers here, so that `max_sessions` counts them all
+and shutdown can reach each one to deliver its finals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from streamer.audio.vad import SileroVAD
+from streamer.config import Settings
+from streamer.engine.engine import Engine
+from streamer.server.metrics import Metrics
+
+log = logging.getLogger("streamer.server")
+
+
+class LiveStream(Protocol):
+    """One open stream of any transport."""
+
+    session_id: str
+    transport: str
+    """`stream`, `realtime` or `webrtc`: the metrics label."""
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop taking audio, deliver the finals of open utterances within `grace_s`, tell the
+        client why it ends and close."""
+
+
+@dataclass
+class ServerState:
+    """`app.state.streamer`."""
+
+    settings: Settings
+    engine: Engine | None
+    """None until the lifespan has loaded it (when not injected)."""
+    vad: SileroVAD
+    metrics: Metrics
+    ice_servers: list[dict] = field(default_factory=list)
+    """`WEBRTC_ICE_SERVERS`: the server's own ICE servers, handed to browsers by `/v1/webrtc/config`."""
+    shutting_down: bool = False
+    sessions: dict[str, LiveStream] = field(default_factory=dict)
+    """Live streams by session id."""
+
+    def admit(self, stream: LiveStream) -> bool:
+        """Register a new stream; False when shutting down or at `max_sessions`."""
+        if self.shutting_down or len(self.sessions) >= self.settings.server.max_sessions:
+            return False
+        self.sessions[stream.session_id] = stream
+        self.metrics.sessions.labels(stream.transport).inc()
+        return True
+
+    def release(self, stream: LiveStream) -> None:
+        if self.sessions.pop(stream.session_id, None) is not None:
+            self.metrics.sessions.labels(stream.transport).dec()
+
+    def engine_saturated(self) -> bool:
+        """The engine refuses partials already (its queue is half full): no new streams."""
+        engine = self.engine
+        return engine is not None and engine.scheduler.queue_depth >= engine.scheduler.config.partial_queue_limit
+
+    async def drain(self) -> None:
+        """Shutdown, part one: refuse new streams, finalise and close every open one.
+
+        Bounded by `shutdown_grace_s` plus a second for the closing handshakes; idempotent.
+        """
+        self.shutting_down = True
+        streams = list(self.sessions.values())
+        if not streams:
+            return
+        grace = self.settings.server.shutdown_grace_s
+        log.info("shutdown: finalising %d open streams (grace %.1f s)", len(streams), grace)
+        tasks = [asyncio.ensure_future(s.shutdown(grace)) for s in streams]
+        done, pending = await asyncio.wait(tasks, timeout=grace + 1.0)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("shutdown of a stream failed", exc_info=task.exception())

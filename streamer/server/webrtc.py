@@ -1,0 +1,263 @@
+"""WebRTC ingest (docs/protocol.md, section 3): `POST /v1/webrtc/offer`, `GET /v1/webrtc/config`.
+
+One aiortc `RTCPeerConnection` per offer. The client's audio track (Opus) is decoded by aiortc,
+resampled to 16 kHz mono and fed to a `Bridge`; the `/v1/stream` events go back as JSON text on
+the data channel `events` that the client created. Signalling is one request with the complete
+offer (no trickle ICE): aiortc gathers its candidates before `setLocalDescription` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from typing import Mapping
+
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from streamer.server.auth import error_body
+from streamer.server.bridge import Bridge, Finalized, StreamEvent
+from streamer.server.state import ServerState
+from streamer.server.stream import FINISH_TIMEOUT_S, ProtocolError, StartOptions, event_dict, model_info, \
+    parse_message, parse_start
+from streamer.streaming.session import Session
+
+log = logging.getLogger("streamer.server")
+
+CHANNEL = "events"
+IDLE_CHECK_S = 1.0
+DRAIN_POLL_S = 0.02
+DRAIN_LIMIT_S = 2.0
+"""Before closing the peer connection, wait this long at most for the data channel to send
+what it holds (`closed` must reach the client)."""
+
+
+def ice_servers_from_env(env: Mapping[str, str]) -> list[dict]:
+    """`WEBRTC_ICE_SERVERS`: a JSON list in `RTCPeerConnection`'s `iceServers` format; [] if unset."""
+    raw = env.get("WEBRTC_ICE_SERVERS", "").strip()
+    if not raw:
+        return []
+    try:
+        servers = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"WEBRTC_ICE_SERVERS is not valid JSON: {e}") from None
+    if not isinstance(servers, list) or not all(isinstance(s, dict) and "urls" in s for s in servers):
+        raise ValueError("WEBRTC_ICE_SERVERS must be a JSON list of objects with `urls`")
+    return servers
+
+
+def _error(status: int, code: str, message: str, param: str | None = None, headers: dict | None = None,
+           state: ServerState | None = None) -> JSONResponse:
+    if state is not None:
+        state.metrics.errors.labels(code).inc()
+    type_ = "server_error" if status >= 500 else "invalid_request_error"
+    return JSONResponse(error_body(message, code, type_=type_, param=param), status_code=status, headers=headers)
+
+
+class WebRtcStream:
+    """One peer connection: audio track in, events out on the data channel."""
+
+    transport = "webrtc"
+
+    def __init__(self, state: ServerState, start: StartOptions):
+        self.state = state
+        self.session_id = secrets.token_hex(8)
+        multilingual, _ = model_info(state)
+        self.language = start.streaming.language if multilingual else "en"
+        self.task = start.streaming.task
+        session = Session(start.streaming, state.vad)
+        self.bridge = Bridge(session, state.engine, state.metrics, self._emit, session_id=self.session_id,
+                             language=self.language, task=self.task)
+        servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
+                   for s in state.ice_servers]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        self.channel = None
+        self._pending: list[dict] = []
+        """Messages made before the data channel opened."""
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        self._last_activity = time.monotonic()
+        self._ending = False
+        self._tasks: set[asyncio.Task] = set()
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    async def answer(self, sdp: str) -> RTCSessionDescription:
+        """Take the client's offer; the answer holds all of the server's candidates."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        self._spawn(self._watch_idle())
+        return self.pc.localDescription
+
+    async def shutdown(self, grace_s: float) -> None:
+        await self._end("shutdown", grace_s)
+
+    # --- media and messages -------------------------------------------------------------------------
+
+    def _on_track(self, track) -> None:
+        if track.kind == "audio":
+            self._spawn(self._read_audio(track))
+
+    async def _read_audio(self, track) -> None:
+        while not self._ending:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if self._ending:  # audio still in flight after `stop` is dropped
+                return
+            self._last_activity = time.monotonic()
+            pcm = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
+            if pcm:
+                self.bridge.feed(np.concatenate(pcm).astype(np.float32, copy=False))
+
+    def _on_datachannel(self, channel) -> None:
+        if channel.label != CHANNEL:
+            return
+        self.channel = channel
+        channel.on("message", self._on_message)
+        self._send({"type": "ready", "session_id": self.session_id, "model": self.state.engine.model_name,
+                    "sample_rate": 48000, "language": self.language, "task": self.task})
+        for message in self._pending:
+            self._send(message)
+        self._pending.clear()
+
+    def _on_message(self, data) -> None:
+        self._last_activity = time.monotonic()
+        try:
+            if not isinstance(data, str):
+                raise ProtocolError("bad_frame", "send audio as the RTP track; the data channel takes JSON text only")
+            kind, msg = parse_message(data)
+            if kind == "stop":
+                self._spawn(self._end("stop", FINISH_TIMEOUT_S))
+            elif kind == "flush":
+                self.bridge.flush()
+            elif kind == "ping":
+                self._send({"type": "pong", **({"id": msg["id"]} if "id" in msg else {})})
+            elif kind == "start":
+                raise ProtocolError("already_started", "the offer's `start` started the stream")
+            else:
+                raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
+        except ProtocolError as e:
+            self._send(e.event())
+
+    def _emit(self, event: StreamEvent) -> None:
+        if isinstance(event, Finalized) and event.error is not None:
+            self._send({"type": "error", "code": "internal", "message": f"decoding utterance {event.utterance_id} failed"})
+            return
+        message = event_dict(event)
+        if message is not None:
+            self._send(message)
+
+    def _send(self, message: dict) -> None:
+        if message.get("type") == "error":
+            self.state.metrics.errors.labels(message["code"]).inc()
+        if self.channel is None:
+            self._pending.append(message)
+        elif self.channel.readyState == "open":
+            self.channel.send(json.dumps(message))
+
+    # --- ending -------------------------------------------------------------------------------------
+
+    async def _watch_idle(self) -> None:
+        idle = self.state.settings.server.idle_timeout_s
+        while not self._ending:
+            await asyncio.sleep(min(IDLE_CHECK_S, idle))
+            if time.monotonic() - self._last_activity > idle:
+                await self._end("idle_timeout", FINISH_TIMEOUT_S)
+                return
+
+    async def _end(self, reason: str, timeout: float) -> None:
+        """Finalise, send `closed` and close the peer connection (once)."""
+        if self._ending:
+            return
+        self._ending = True
+        try:
+            await self.bridge.finish(timeout)
+            self._send({"type": "closed", "reason": reason})
+            await self._drain_channel()
+        finally:
+            await self.close()
+
+    async def _drain_channel(self) -> None:
+        give_up = time.monotonic() + DRAIN_LIMIT_S
+        while self.channel is not None and self.channel.readyState == "open" and self.channel.bufferedAmount > 0 \
+                and time.monotonic() < give_up:
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    def _on_connection_state(self) -> None:
+        # The client closed the connection or it failed: the session ends without events.
+        if self.pc.connectionState in ("failed", "closed") and not self._ending:
+            self._ending = True
+            self.bridge.close()
+            self._spawn(self.close())
+
+    async def close(self) -> None:
+        self.state.release(self)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        await self.pc.close()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def config_endpoint(request: Request) -> JSONResponse:
+    return JSONResponse({"iceServers": request.app.state.streamer.ice_servers})
+
+
+async def offer_endpoint(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.streamer
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "bad_sdp", "the body must be JSON: {sdp, type, start}", state=state)
+    if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
+        return _error(400, "bad_sdp", "expected {\"type\": \"offer\", \"sdp\": \"...\"}", state=state)
+    sdp = body["sdp"]
+    if "m=audio" not in sdp or "m=application" not in sdp:
+        return _error(400, "bad_sdp", "the offer needs an audio track and the data channel `events` "
+                                      "(create it before createOffer())", state=state)
+    start_fields = body.get("start") or {}
+    if not isinstance(start_fields, dict):
+        return _error(400, "bad_field", "start must be an object", "start", state=state)
+    multilingual, languages = model_info(state)
+    try:
+        start = parse_start(start_fields, state.settings.streaming, multilingual, languages, audio_fields=False)
+    except ProtocolError as e:
+        return _error(400, e.code, e.message, e.field, state=state)
+    if state.engine_saturated():
+        return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"}, state=state)
+    stream = WebRtcStream(state, start)
+    if not state.admit(stream):
+        await stream.close()
+        limit = state.settings.server.max_sessions
+        return _error(503, "overloaded", f"the server is at its limit of {limit} live streams; retry later",
+                      headers={"Retry-After": "5"}, state=state)
+    try:
+        answer = await stream.answer(sdp)
+    except Exception as e:
+        await stream.close()
+        if isinstance(e, (ValueError, AssertionError)):  # aiortc's complaints about an offer it cannot use
+            return _error(400, "bad_sdp", f"unusable offer: {e}", state=state)
+        log.exception("webrtc offer failed")
+        return _error(500, "internal", f"internal error: {type(e).__name__}", state=state)
+    return JSONResponse({"sdp": answer.sdp, "type": answer.type, "session_id": stream.session_id})
+
+
+routes = [
+    Route("/v1/webrtc/config", config_endpoint, methods=["GET"]),
+    Route("/v1/webrtc/offer", offer_endpoint, methods=["POST"]),
+]

@@ -1,0 +1,202 @@
+"""`/v1/stream` end to end: a real tiny.en engine, a real server on 127.0.0.1, real recordings.
+
+Recordings are sent faster than real time where the test is about text (the protocol allows
+it: TCP flow control holds a client back); the partials test paces at twice real time so
+that partial decodes have audio to catch up with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jiwer
+import numpy as np
+import pytest
+import websockets
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from streamer.audio.decode import decode_audio
+from streamer.config import load_settings
+from streamer.engine.engine import Engine
+from streamer.engine.request import DecodeOptions, Priority
+from streamer.server.app import create_app, running
+
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+FRAME_S = 0.032
+GAP_S = 1.0
+"""Silence between concatenated prompts: longer than the VAD's 0.5 s, so each ends an utterance."""
+
+normalize = EnglishTextNormalizer()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+def s16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    settings = load_settings({})
+    engine = Engine.load(settings.model, settings.engine)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    with running(create_app(load_settings({}), engine)) as base:
+        yield base.replace("http://", "ws://")
+
+
+async def stream(url: str, audio: bytes, start: dict, *, frame_bytes: int, pace: float | None,
+                 before_stop=None) -> list[dict]:
+    """Send `start`, the audio in frames (at `pace` times real time, or as fast as possible),
+    then `stop`; every server event until the close, and the close code as a last pseudo-event."""
+    events: list[dict] = []
+    async with websockets.connect(url + "/v1/stream") as ws:
+        await ws.send(json.dumps({"type": "start", **start}))
+        ready = json.loads(await ws.recv())
+        assert ready["type"] == "ready", ready
+        events.append(ready)
+
+        async def read():
+            async for message in ws:
+                events.append(json.loads(message))
+
+        reader = asyncio.ensure_future(read())
+        bytes_per_s = start.get("sample_rate", 16000) * start.get("channels", 1) * \
+            (4 if start.get("encoding") == "pcm_f32le" else 2)
+        for i in range(0, len(audio), frame_bytes):
+            await ws.send(audio[i:i + frame_bytes])
+            if pace:
+                await asyncio.sleep(frame_bytes / bytes_per_s / pace)
+        if before_stop is not None:
+            await before_stop(ws, events)
+        await ws.send(json.dumps({"type": "stop"}))
+        await asyncio.wait_for(reader, 120)
+        events.append({"type": "_close", "code": ws.close_code})
+    return events
+
+
+def of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["type"] == kind]
+
+
+def check_lifecycle(events: list[dict], duration: float) -> None:
+    """Per utterance: speech_started, partials, speech_stopped, then at most one final; times in
+    the stream; `closed` (stop) last, then close 1000."""
+    assert events[-2] == {"type": "closed", "reason": "stop"} and events[-1]["code"] == 1000
+    seen: dict[int, list[str]] = {}
+    for e in events:
+        if "utterance_id" in e:
+            seen.setdefault(e["utterance_id"], []).append(e["type"])
+    for uid, kinds in seen.items():
+        assert kinds[0] == "speech_started" and "speech_stopped" in kinds, (uid, kinds)
+        stopped = kinds.index("speech_stopped")
+        assert set(kinds[1:stopped]) <= {"partial"} and set(kinds[stopped + 1:]) <= {"final"}, (uid, kinds)
+        assert kinds.count("final") <= 1
+    for e in events:
+        for key in ("t", "start", "end"):
+            if key in e:
+                assert 0.0 <= e[key] <= duration + 0.05, e
+    for f in of(events, "final"):
+        assert f["start"] < f["end"] and f["text"] and f["latency_ms"] > 0
+
+
+def test_jfk_partials_and_final(url, jfk_path):
+    """A 2-s silence threshold keeps the speech one utterance, long enough for partial decodes
+    (over a second each on a busy 2-core CPU) to come back before its final."""
+    audio = decode_audio(jfk_path)
+    start = {"language": "en", "vad": {"min_silence_ms": 2000}}
+    events = asyncio.run(stream(url, s16(audio), start, frame_bytes=1024, pace=2.0))
+    check_lifecycle(events, len(audio) / 16000)
+    assert of(events, "speech_started") and of(events, "speech_stopped")
+    partials = of(events, "partial")
+    assert partials, "no partial while the person spoke"
+    for p in partials:
+        assert p["text"] == p["stable"] + p["unstable"]
+    finals = " ".join(f["text"] for f in of(events, "final"))
+    assert wer(JFK, finals) < 0.15, finals
+
+
+def test_stereo_float_48k(url, manifest):
+    """Another rate, encoding and channel count: resampled and mixed by the server."""
+    row = next(r for r in manifest if r["audio"].endswith("conf-getconfno.ogg"))
+    mono16 = decode_audio(row["audio"])
+    import av
+
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=48000)
+    frame = av.AudioFrame.from_ndarray(mono16[None, :], format="flt", layout="mono")
+    frame.sample_rate = 16000
+    mono48 = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame) + resampler.resample(None)])
+    stereo = np.stack([mono48, mono48], axis=1).astype("<f4").tobytes()
+    start = {"sample_rate": 48000, "encoding": "pcm_f32le", "channels": 2, "partials": False}
+    events = asyncio.run(stream(url, stereo, start, frame_bytes=48000 * 8 // 10, pace=None))
+    check_lifecycle(events, len(mono16) / 16000)
+    assert not of(events, "partial")
+    assert wer(row["text"], " ".join(f["text"] for f in of(events, "final"))) < 0.2
+
+
+def test_flush_ends_the_utterance(url, jfk_path):
+    """flush mid-speech: speech_stopped at the current stream time and a final, before stop."""
+    audio = decode_audio(jfk_path)[: int(1.9 * 16000)]  # inside "And so my fellow Americans"
+
+    async def flush(ws, events):
+        await ws.send(json.dumps({"type": "flush"}))
+        for _ in range(600):
+            if of(events, "final"):
+                return
+            await asyncio.sleep(0.1)
+
+    events = asyncio.run(stream(url, s16(audio), {"partials": False}, frame_bytes=1024, pace=None, before_stop=flush))
+    stopped = of(events, "speech_stopped")
+    assert len(stopped) == 1 and abs(stopped[0]["t"] - 1.9) < 0.04, stopped
+    final = of(events, "final")
+    assert len(final) == 1 and events.index(final[0]) < events.index({"type": "closed", "reason": "stop"})
+    assert "fellow" in final[0]["text"].lower()
+
+
+def test_stop_finalises_open_speech(url, jfk_path):
+    """stop while speech is open: its final arrives before `closed`."""
+    audio = decode_audio(jfk_path)[: int(6.0 * 16000)]
+    events = asyncio.run(stream(url, s16(audio), {"partials": False}, frame_bytes=16000, pace=None))
+    check_lifecycle(events, 6.0)
+    assert events[-3]["type"] == "final"
+    assert of(events, "speech_stopped")[-1]["t"] == pytest.approx(6.0, abs=0.04)
+
+
+def test_streaming_wer_matches_offline(url, engine, manifest):
+    """Issue 4: finals of a stream are as good as offline transcription of the same audio.
+
+    13 English prompts (about 55 s with the pauses) streamed as one recording; offline, the
+    engine transcribes each prompt whole with the options of a final."""
+    rows = [r for r in manifest if "/en/asterisk/" in r["audio"] and 3 <= r["duration"] <= 6][::7]
+    clips = [decode_audio(r["audio"]) for r in rows]
+    gap = np.zeros(int(GAP_S * 16000), np.float32)
+    recording = np.concatenate([x for clip in clips for x in (clip, gap)])
+    spans, t = [], 0.0
+    for clip in clips:
+        spans.append((t, t + len(clip) / 16000))
+        t += len(clip) / 16000 + GAP_S
+
+    async def offline() -> list[str]:
+        options = DecodeOptions(language="en", timestamps=True)
+        results = [await engine.transcribe(clip, options, priority=Priority.FINAL) for clip in clips]
+        return [r.text for r in results]
+
+    offline_text = " ".join(asyncio.run(offline()))
+    events = asyncio.run(stream(url, s16(recording), {"partials": False}, frame_bytes=3200, pace=None))
+    check_lifecycle(events, len(recording) / 16000)
+    finals = of(events, "final")
+    # Stream-relative times: every final lies on its prompt.
+    for f in finals:
+        middle = (f["start"] + f["end"]) / 2
+        assert any(a - 0.3 <= middle <= b + 0.3 for a, b in spans), (f, spans)
+    reference = " ".join(r["text"] for r in rows)
+    streamed, batch = wer(reference, " ".join(f["text"] for f in finals)), wer(reference, offline_text)
+    print(f"WER streamed {streamed:.3%}, offline {batch:.3%}")
+    assert streamed <= batch + 0.01

@@ -114,6 +114,7 @@ class Engine:
         device = next(loaded.model.parameters()).device
         slots, enc_batch = self._limits(loaded, config, device)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs)
+        self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
         self.metrics_data = EngineMetrics()
         self._handles: dict[str, Handle] = {}

@@ -69,6 +69,7 @@ class Runner:
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.noise = None
+        self.pool = None
         lang_ids = sorted(self.tok.language_tokens.values())
         self.language_ids = torch.tensor(lang_ids, device=self.device)
 
@@ -137,6 +138,26 @@ class Runner:
         self.positions[:b] = (self.positions[:b] + 1).clamp_max(self.dims.n_text_ctx - 1)
         return tokens, logprobs
 
+    def bucket(self, n: int) -> int:
+        """The captured batch size that runs a step of n live sequences."""
+        return next((x for x in GRAPH_BUCKETS if x >= n), n)
+
+    def warmup(self) -> None:
+        """Capture every graph bucket up to the slot count now, not on the first busy step."""
+        if self.use_graphs:
+            with torch.inference_mode():
+                for b in GRAPH_BUCKETS:
+                    if b > self.n_slots:
+                        break
+                    self._graph(b)
+
+    def _graph(self, b: int):
+        if self.noise is None:
+            self.noise = torch.full((self.n_slots, self.dims.n_vocab), 0.5, device=self.device)
+        if b not in self.graphs:
+            self.graphs[b] = self._capture(b)
+        return self.graphs[b]
+
     def _decode(self, n: int, any_hot: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.use_graphs:
             noise = torch.rand(n, self.dims.n_vocab, device=self.device) if any_hot else None
@@ -144,14 +165,10 @@ class Runner:
             timestamps = any(s.request.options.timestamps for s in self.slots)
             tokens, logprobs = self._decode_rows(n, noise, kv_len, timestamps)
             return tokens.cpu(), logprobs.float().cpu()
-        b = next(x for x in GRAPH_BUCKETS if x >= n) if n <= GRAPH_BUCKETS[-1] else n
-        if self.noise is None:
-            self.noise = torch.full((self.n_slots, self.dims.n_vocab), 0.5, device=self.device)
+        b = min(self.bucket(n), self.n_slots)
+        graph, tokens, logprobs = self._graph(b)
         if any_hot:
             self.noise[:b].uniform_()
-        if b not in self.graphs:
-            self.graphs[b] = self._capture(b)
-        graph, tokens, logprobs = self.graphs[b]
         graph.replay()
         return tokens[:n].cpu(), logprobs[:n].float().cpu()
 
@@ -166,7 +183,9 @@ class Runner:
                 self._decode_rows(b, self.noise[:b])
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):  # one memory pool shared by every bucket
             tokens, logprobs = self._decode_rows(b, self.noise[:b])
         self.tokens_in.copy_(saved[0])
         self.positions.copy_(saved[1])

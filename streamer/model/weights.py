@@ -329,12 +329,8 @@ def _download(hub_id: str) -> Path:
         raise WeightsError(f"cannot fetch {hub_id!r} from the Hugging Face hub: {e}") from None
 
 
-def save_hf_checkpoint(loaded: LoadedModel, path: str | Path) -> Path:
-    """Write `loaded` as a transformers Whisper checkpoint directory (config, safetensors, tokenizer)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+def hf_configs(loaded: LoadedModel) -> tuple[dict, dict]:
+    """transformers' `config.json` and `generation_config.json` contents for `loaded`."""
     d, tok = loaded.dims, loaded.tokenizer
     config = {
         "architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper",
@@ -358,10 +354,20 @@ def save_hf_checkpoint(loaded: LoadedModel, path: str | Path) -> Path:
     if tok.multilingual:  # given to an English-only model, transformers would prepend a language token
         generation["lang_to_id"] = {f"<|{c}|>": i for c, i in tok.language_tokens.items()}
         generation["task_to_id"] = {"transcribe": tok.transcribe, "translate": tok.translate}
+    return config, generation
+
+
+def save_hf_checkpoint(loaded: LoadedModel, path: str | Path) -> Path:
+    """Write `loaded` as a transformers Whisper checkpoint directory (config, safetensors, tokenizer)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config, generation = hf_configs(loaded)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
     sd = {k: v.detach().float().cpu().contiguous() for k, v in to_hf_state_dict(loaded.model).items()}
     sd.pop("proj_out.weight")  # tied: safetensors refuses shared storage
     save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
-    tok.hf.save(str(path / "tokenizer.json"))
+    loaded.tokenizer.hf.save(str(path / "tokenizer.json"))
     return path

@@ -133,3 +133,24 @@ def test_tokens_stream_before_the_result(tiny, jfk_path):
     finally:
         engine.close()
     assert [t for t, _ in seen if t != tiny.tokenizer.eot] == result.tokens
+
+
+def test_beam_search_shares_steps_with_greedy(tiny, manifest):
+    audios = _pick(manifest, "en", 4, skip=60)
+    greedy, beam = DecodeOptions(temperatures=(0.0,)), DecodeOptions(beam_size=5, temperatures=(0.0,))
+
+    async def main(engine):
+        alone = [await engine.transcribe(a, beam) for a in audios[:2]]
+        mixed = await asyncio.gather(*[engine.transcribe(a, beam) for a in audios],
+                                     *[engine.transcribe(a, greedy) for a in audios])
+        return alone, mixed
+
+    engine = Engine(tiny, EngineConfig(max_slots=16))
+    try:
+        alone, mixed = asyncio.run(main(engine))
+    finally:
+        engine.close()
+    beams, greedies = mixed[:4], mixed[4:]
+    assert [r.tokens for r in alone] == [r.tokens for r in beams[:2]]
+    for b, g in zip(beams, greedies):
+        assert b.text and b.avg_logprob >= g.avg_logprob - 1e-6

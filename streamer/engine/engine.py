@@ -23,6 +23,7 @@ import torch
 
 from streamer.config import EngineConfig, ModelConfig
 from streamer.engine.request import DecodeOptions, Priority, Request, RequestState, Result, Segment
+from streamer.engine.beam import MAX_BEAM
 from streamer.engine.runner import Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
 from streamer.model.decoding import compression_ratio, is_silence, needs_fallback, split_segments
@@ -178,8 +179,8 @@ class Engine:
         options = options or DecodeOptions()
         if options.language is not None and self.tokenizer.multilingual:
             self.tokenizer.language_token(options.language)  # ValueError now, not in the model thread
-        if options.beam_size > 1:
-            raise ValueError("beam search is not served by the batching engine yet; use beam_size=1")
+        if options.beam_size > MAX_BEAM:
+            raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
         request = Request(id=f"w{next(self._ids)}", audio=None if audio is None else np.asarray(audio, np.float32),
                           features=features, options=options, priority=priority, session_id=session_id,
                           deadline=now + ADMISSION_DEADLINE_S[priority], arrival=now)
@@ -292,8 +293,10 @@ class Engine:
         result = self.build_result(seq)
         if req.attempt + 1 < len(opts.temperatures) and not self._closed and \
                 needs_fallback(result.text, result.avg_logprob, result.no_speech_prob, opts):
+            # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
             retry = dataclasses.replace(req, id=f"{req.id.split('.')[0]}.{req.attempt + 1}", attempt=req.attempt + 1,
-                                        temperature=opts.temperatures[req.attempt + 1], state=RequestState.QUEUED)
+                                        temperature=opts.temperatures[req.attempt + 1], state=RequestState.QUEUED,
+                                        options=dataclasses.replace(opts, beam_size=1), n_slots=1)
             with self._cond:
                 handle = self._handles.pop(req.id, None)
                 if handle is not None:

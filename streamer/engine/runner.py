@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from streamer.audio.features import log_mel_spectrogram
+from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.model.decoding import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import KVCache
@@ -35,6 +36,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # sampled so far
     sum_logprob: float = 0.0
     done: bool = False
+    group: BeamGroup | None = None  # beam search: the slots of one request share a group
 
     @property
     def id(self) -> str:
@@ -83,17 +85,16 @@ class Runner:
     def step(self, encode: list, released: list[str] = ()) -> StepResult:
         """Drop `released` sequences, decode one token for every live one, then admit `encode`."""
         out = StepResult()
-        for rid in released:
-            for i, seq in enumerate(self.slots):
-                if seq.id == rid:
+        for rid in set(released):
+            for i in reversed(range(len(self.slots))):
+                if self.slots[i].id == rid:
                     self._remove(i)
-                    break
         if self.slots:
             t0 = time.perf_counter()
             n = len(self.slots)
             any_hot = any(s.request.temperature > 0 for s in self.slots)
-            tokens, logprobs = self._decode(n, any_hot)
-            self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), out)
+            tokens, logprobs, top = self._decode(n, any_hot)
+            self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
             out.decode_s = time.perf_counter() - t0
         if encode:
             t0 = time.perf_counter()
@@ -101,10 +102,14 @@ class Runner:
             out.encode_s = time.perf_counter() - t0
         return out
 
-    def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], out: StepResult) -> None:
+    def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], top, out: StepResult) -> None:
         finished = []
+        groups: dict[int, list[int]] = {}
         for row, token, logprob in zip(rows, tokens, logprobs):
             seq = self.slots[row]
+            if seq.group is not None:
+                groups.setdefault(id(seq.group), []).append(row)
+                continue
             seq.tokens.append(token)
             seq.sum_logprob += logprob
             out.tokens.append((seq.id, token))
@@ -112,9 +117,47 @@ class Runner:
             if token == self.tok.eot or len(seq.tokens) >= seq.max_new or position >= self.dims.n_text_ctx:
                 seq.done = True
                 finished.append(row)
+        for group_rows in groups.values():
+            finished += self._advance_beams(group_rows, top, out)
         for row in sorted(finished, reverse=True):
-            out.finished.append(self.slots[row])
+            if self.slots[row].group is None or self.slots[row].done:
+                out.finished.append(self.slots[row])
             self._remove(row)
+
+    def _advance_beams(self, rows: list[int], top, out: StepResult) -> list[int]:
+        """Choose the group's next beams, move their K/V and sampler state into its slots.
+
+        Returns the group's rows when it is finished (the first row then holds the best hypothesis).
+        """
+        seqs = [self.slots[r] for r in rows]
+        group = seqs[0].group
+        top_lp, top_ids = top[0][rows].tolist(), top[1][rows].tolist()
+        if not seqs[0].tokens:  # first token: every beam still has the same prefix
+            beams = group.first(top_lp[0], top_ids[0])
+            sources = list(range(len(beams)))
+        else:
+            current = [Hypothesis(s.tokens, s.sum_logprob) for s in seqs]
+            beams = group.select(current, top_lp, top_ids)
+            sources = [next(i for i, s in enumerate(seqs) if s.tokens == b.tokens[:-1]) for b in beams]
+        if group.done(beams) or len(beams) < len(rows):
+            best = group.best(beams)
+            head = seqs[0]
+            head.tokens, head.sum_logprob, head.done = best.tokens, best.sum_logprob, True
+            out.tokens.extend((head.id, t) for t in best.tokens[-1:])
+            return rows
+        src = torch.tensor([rows[i] for i in sources], device=self.device)
+        dst = torch.tensor(rows, device=self.device)
+        self.cache.copy_slots(src, dst)
+        for seq, beam in zip(seqs, beams):
+            seq.tokens, seq.sum_logprob = beam.tokens, beam.sum_logprob
+        tb = self.tok.timestamp_begin
+        fields = [[len(b.tokens), b.tokens[-1], b.tokens[-2] if len(b.tokens) > 1 else -1,
+                   max([t for t in b.tokens if t >= tb], default=-1)] for b in beams]
+        values = torch.tensor(fields, device=self.device)
+        for j, name in enumerate(("n_sampled", "last", "penultimate", "last_timestamp")):
+            getattr(self.state, name)[dst] = values[:, j]
+        self.tokens_in[dst] = values[:, 1]
+        return []
 
     def _remove(self, row: int) -> None:
         last = len(self.slots) - 1
@@ -131,12 +174,12 @@ class Runner:
     def _decode_rows(self, b: int, noise, kv_len: int | None = None, timestamps: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         dec = self.model.decoder
         hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len)
-        tokens, logprobs = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise, timestamps)
+        tokens, logprobs, top = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise, timestamps, TOPK)
         self.state.advance(tokens, self.tok.timestamp_begin)
         self.tokens_in[:b] = tokens
         # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.
         self.positions[:b] = (self.positions[:b] + 1).clamp_max(self.dims.n_text_ctx - 1)
-        return tokens, logprobs
+        return tokens, logprobs, top
 
     def bucket(self, n: int) -> int:
         """The captured batch size that runs a step of n live sequences."""
@@ -163,14 +206,20 @@ class Runner:
             noise = torch.rand(n, self.dims.n_vocab, device=self.device) if any_hot else None
             kv_len = max(len(s.initial) + len(s.tokens) for s in self.slots)  # > every row's position
             timestamps = any(s.request.options.timestamps for s in self.slots)
-            tokens, logprobs = self._decode_rows(n, noise, kv_len, timestamps)
-            return tokens.cpu(), logprobs.float().cpu()
+            tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps)
+            return tokens.cpu(), logprobs.float().cpu(), self._top_to_host(top, n)
         b = min(self.bucket(n), self.n_slots)
-        graph, tokens, logprobs = self._graph(b)
+        graph, tokens, logprobs, top = self._graph(b)
         if any_hot:
             self.noise[:b].uniform_()
         graph.replay()
-        return tokens[:n].cpu(), logprobs[:n].float().cpu()
+        return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(top, n)
+
+    def _top_to_host(self, top, n: int):
+        """Top candidates per row, copied only when a beam search is live (else None)."""
+        if not any(s.group is not None for s in self.slots):
+            return None
+        return top[0][:n].float().cpu(), top[1][:n].cpu()
 
     def _capture(self, b: int):
         """Capture one decoder step over rows [0, b) as a CUDA graph (state saved and restored)."""
@@ -186,17 +235,19 @@ class Runner:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):  # one memory pool shared by every bucket
-            tokens, logprobs = self._decode_rows(b, self.noise[:b])
+            tokens, logprobs, top = self._decode_rows(b, self.noise[:b])
         self.tokens_in.copy_(saved[0])
         self.positions.copy_(saved[1])
         for f, t in zip(self.state.__dataclass_fields__, saved[2:]):
             getattr(self.state, f).copy_(t)
-        return graph, tokens, logprobs
+        return graph, tokens, logprobs, top
 
     # --- admission: encoder, language detection, prefill ---------------------------------------------
 
     def _admit(self, requests: list, out: StepResult) -> None:
-        k, lo = len(requests), len(self.slots)
+        # A beam search of width n takes n rows; its window is encoded once and its K/V copied.
+        expanded = [r for r in requests for _ in range(r.options.beam_size)]
+        k, lo = len(expanded), len(self.slots)
         if lo + k > self.n_slots:
             raise RuntimeError(f"{lo + k} sequences for {self.n_slots} slots: the scheduler over-admitted")
         dec = self.model.decoder
@@ -207,18 +258,25 @@ class Runner:
             mel = torch.stack([torch.as_tensor(f) if f is not None else
                                log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
         audio_features = self.model.encoder(mel.to(self.dtype))
+        if k != len(requests):
+            widths = torch.tensor([r.options.beam_size for r in requests], device=self.device)
+            audio_features = audio_features.repeat_interleave(widths, dim=0)
         dec.write_cross_kv(audio_features, self.cache, lo)
 
-        languages = self._languages(requests, lo)
-        seqs = []
-        for r, language in zip(requests, languages):
+        languages = self._languages(expanded, lo)
+        seqs, groups = [], {}
+        for r, language in zip(expanded, languages):
             opts = r.options
             prompt = self.tok.prompt_tokens(opts.prompt, self.dims.n_text_ctx // 2)
             initial = prompt + self.tok.sot_sequence(language, opts.task, opts.timestamps)
             if opts.prefix:
                 initial += self.tok.encode(" " + opts.prefix.strip())
-            limit = opts.max_new_tokens or self.max_new_tokens
-            seqs.append(Sequence(r, initial, len(prompt), language, min(limit, self.dims.n_text_ctx - len(initial))))
+            limit = min(opts.max_new_tokens or self.max_new_tokens, self.dims.n_text_ctx - len(initial))
+            group = None
+            if opts.beam_size > 1:
+                group = groups.setdefault(r.id, BeamGroup(opts.beam_size, self.tok.eot, limit,
+                                                          length_penalty=opts.length_penalty))
+            seqs.append(Sequence(r, initial, len(prompt), language, limit, group=group))
 
         length = max(len(s.initial) for s in seqs)
         tokens = torch.full((k, length), self.tok.eot, dtype=torch.long)
@@ -234,11 +292,11 @@ class Runner:
         no_speech = dec.logits(hidden[rows, sot]).softmax(-1)[:, self.tok.no_speech].tolist()
 
         rs = slice(lo, lo + k)
-        self.state.reset(rs, [r.options.timestamps for r in requests], [r.temperature for r in requests])
+        self.state.reset(rs, [r.options.timestamps for r in expanded], [r.temperature for r in expanded])
         hot = any(r.temperature > 0 for r in requests)
         noise = torch.rand(k, self.dims.n_vocab, device=self.device) if hot else None
-        sampled, logprobs = self.rules.sample(logits, self.state.rows(rs), noise,
-                                              any(r.options.timestamps for r in requests))
+        sampled, logprobs, top = self.rules.sample(logits, self.state.rows(rs), noise,
+                                                   any(r.options.timestamps for r in requests), TOPK)
         self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)
         self.tokens_in[rs] = sampled
         self.positions[rs] = last + 1
@@ -246,7 +304,9 @@ class Runner:
             s.no_speech_prob = p
         self.slots.extend(seqs)
         out.encoded.extend(r.id for r in requests)
-        self._record(list(range(lo, lo + k)), sampled.tolist(), logprobs.float().tolist(), out)
+        top = (torch.cat([torch.zeros(lo, TOPK), top[0].float().cpu()]), torch.cat([torch.zeros(lo, TOPK, dtype=torch.long), top[1].cpu()])) \
+            if groups else None
+        self._record(list(range(lo, lo + k)), sampled.tolist(), logprobs.float().tolist(), top, out)
 
     def _languages(self, requests: list, lo: int) -> list[str]:
         """The requested language, or the likeliest one from the logits after `<|startoftranscript|>`."""

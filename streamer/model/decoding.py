@@ -121,8 +121,10 @@ class LogitRules:
         best_text = logprobs.masked_fill(self.is_timestamp[None], NEG_INF).amax(-1, keepdim=True)
         return logits.masked_fill(ts_on & (ts_mass > best_text) & ~self.is_timestamp[None], NEG_INF)
 
-    def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None, timestamps: bool = True) -> tuple[Tensor, Tensor]:
-        """(tokens [B], their log-probabilities [B]) after the rules; greedy where temperature is 0.
+    def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None, timestamps: bool = True,
+               top_k: int = 0) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+        """(tokens [B], their log-probabilities [B], top-k (log-probs, ids) [B, k] or None) after the
+        rules; greedy where temperature is 0; the top-k candidates feed beam search.
 
         `noise` [B, V] uniform(0, 1) draws (made outside any CUDA graph) for the Gumbel-max trick.
         """
@@ -136,7 +138,8 @@ class LogitRules:
             gumbel = -torch.log(-torch.log(noise.clamp_min(1e-20)))
             scores = torch.where(temp > 0, logits / temp.clamp_min(1e-6) + gumbel, logits)
             tokens = scores.argmax(-1)
-        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+        top = logprobs.topk(top_k, dim=-1) if top_k else None
+        return tokens, logprobs.gather(1, tokens[:, None])[:, 0], (tuple(top) if top is not None else None)
 
 
 def compression_ratio(text: str) -> float:

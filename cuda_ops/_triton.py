@@ -1,0 +1,53 @@
+"""Triton availability for the kernels of cuda_ops.
+
+Triton ships with PyTorch's CUDA wheels on x86-64 but is absent elsewhere (macOS, aarch64 CPU
+installs); the kernel modules must still import there so that their PyTorch references work.
+Without Triton, `jit` leaves a kernel a plain function and `tl.constexpr` resolves, so the kernel
+definitions load but are never launched (`triton_usable` is False).
+
+Whether a kernel runs on the CPU through Triton's interpreter is fixed when `@jit` runs, i.e. when
+the kernel module is first imported: TRITON_INTERPRET=1 must be set before that.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    jit = triton.jit
+    HAVE_TRITON = True
+except ImportError:  # CPU-only install: kernels are defined but never launched
+    triton = None
+    tl = SimpleNamespace(constexpr=None)
+    HAVE_TRITON = False
+
+    def jit(fn):
+        return fn
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run on the CPU through its interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Whether a Triton kernel can be launched on tensors of `device`."""
+    if not HAVE_TRITON:
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and interpreter_active()
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`; 132 (an H100/H200) for the CPU interpreter, so that
+    launch shapes there are the ones the GPU gets."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132

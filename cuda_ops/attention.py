@@ -1,0 +1,299 @@
+"""Decode attention (one query token per sequence) over an FP8 or fp16/bf16 K/V cache.
+
+Flash-decoding in two passes: pass 1 gives each (row, head, split) a contiguous chunk of the
+positions and writes its partial softmax state (running max, sum, unnormalised output); pass 2
+merges the splits of each (row, head). With one split, pass 1 normalises and writes the output
+itself and pass 2 is not launched. FP8 (e4m3) K/V are dequantised in registers: the per-(slot, head)
+K scale is folded into q and the V scale applied once to the accumulator, so dequantisation costs no
+extra pass over memory. Design, tuning and tolerances: docs/kernels-attention-mel.md.
+
+Shapes: q [B, H, D]; k, v [S, H, T, D] (a cache of S slots, T = Tmax); row b reads slot
+slot_ids[b] (or slot b when slot_ids is None, then S == B); lengths [B] int32 valid positions of
+each row (clamped to T; a row of length 0 gives zeros, e.g. padding rows of a CUDA-graph bucket).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cuda_ops._triton import jit, num_sms, tl, triton, triton_usable
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn: amax maps onto it, so no value saturates
+
+# Tuning, measured on an H200 with large-v3 shapes (H=20, D=64) under CUDA-graph replay;
+# docs/kernels-attention-mel.md has the tables.
+BLOCK_T = 128  # positions per tile; beat 32 and 64 at every batch for fp16, tied for fp8
+NUM_WARPS = 4  # 8 warps was 10-25% slower: more threads, same bytes in flight per program
+NUM_STAGES = 2  # 2 and 3 measured the same
+WAVES = 2  # split until B*H*splits reaches WAVES x SMs programs (B=1: 12 splits of T=1500, B=8: 2)
+MAX_SPLITS = 32  # bounds pass 2's tile (splits x D floats in one warp) for very long T
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, H, T, D] fp16/bf16/fp32 -> (x_fp8 [B, H, T, D] float8_e4m3fn, scale [B, H] fp32).
+
+    scale = amax / 448 per (b, h), so x ~= x_fp8 * scale; an all-zero (b, h) gets scale 1.
+    """
+    xf = x.float()
+    amax = xf.abs().amax(dim=(2, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    x_fp8 = (xf / scale[:, :, None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x_fp8, scale
+
+
+def dequantize_kv(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of quantize_kv, in fp32: x_fp8 [S, H, T, D], scale [S, H] -> [S, H, T, D]."""
+    return x_fp8.float() * scale[:, :, None, None].float()
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    slot_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain PyTorch decode attention in fp32 (same contract as decode_attention)."""
+    _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
+    B, H, D = q.shape
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    kf = k.float() if k_scale is None else dequantize_kv(k, k_scale)
+    vf = v.float() if v_scale is None else dequantize_kv(v, v_scale)
+    if slot_ids is not None:
+        kf, vf = kf[slot_ids.long()], vf[slot_ids.long()]
+    scores = torch.einsum("bhd,bhtd->bht", q.float(), kf) * sm_scale
+    valid = torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None].long()  # [B, T]
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row of length 0 attends to nothing
+    return torch.einsum("bht,bhtd->bhd", probs, vf).to(q.dtype)
+
+
+def choose_num_splits(batch_heads: int, max_len: int, sms: int) -> int:
+    """Splits of the position axis per (row, head), each a whole number of BLOCK_T tiles.
+
+    Decode attention is bound by reading K/V, and HBM needs many loads in flight: the grid should
+    hold about WAVES programs per SM. B*H alone does that for batches from B=16 at H=20; smaller
+    batches split T, down to one tile per split (cross-attention at B=1: 12 splits of 128).
+    Depends only on shapes, not on the lengths' values, so the launch is fixed under CUDA graphs.
+    """
+    tiles = max(1, -(-max_len // BLOCK_T))
+    wanted = -(-WAVES * sms // batch_heads)
+    splits = max(1, min(wanted, tiles, MAX_SPLITS))
+    chunk_tiles = -(-tiles // splits)
+    return -(-tiles // chunk_tiles)  # the count after rounding each chunk up to whole tiles
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    slot_ids: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention: the Triton kernels on CUDA, the fp32 reference on the CPU."""
+    if q.is_cuda and triton_usable(q.device):
+        return decode_attention_triton(
+            q, k, v, lengths, sm_scale, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids, out=out
+        )
+    result = decode_attention_reference(q, k, v, lengths, sm_scale, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids)
+    return result if out is None else out.copy_(result)
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    slot_ids: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
+
+    `out` (optional, [B, H, D] in q's dtype) is written in place, as under a CUDA graph;
+    `num_splits` overrides choose_num_splits (benchmarks and tests).
+    """
+    _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
+    if q.shape[2] not in (16, 32, 64, 128, 256):
+        raise ValueError(f"the kernels take a head dim that is a power of two in [16, 256], got {q.shape[2]}")
+    if not triton_usable(q.device):
+        raise RuntimeError(f"Triton cannot run on {q.device}; on the CPU set TRITON_INTERPRET=1 before import")
+    B, H, D = q.shape
+    T = k.shape[2]
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    splits = num_splits or choose_num_splits(B * H, T, num_sms(q.device))
+    chunk = triton.cdiv(triton.cdiv(T, splits), BLOCK_T) * BLOCK_T  # whole tiles per split
+    splits = triton.cdiv(T, chunk)  # a num_splits override may round down like choose_num_splits
+    # Partial state per (row, head, split); every program writes its entry, empty chunks included
+    # (m = -1e30, l = 0), so pass 2 reads nothing unwritten.
+    part_m = torch.empty(B * H * splits, device=q.device, dtype=torch.float32)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
+    has_scale = k_scale is not None
+    scales = (k_scale, v_scale) if has_scale else (part_m, part_m)  # placeholders, never read
+    _decode_partial_kernel[(B * H, splits)](
+        q, k, v, scales[0], scales[1], slot_ids if slot_ids is not None else lengths, lengths,
+        part_m, part_l, part_acc, out,
+        sm_scale * math.log2(math.e), H, T, chunk,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), k.stride(3),
+        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+        scales[0].stride(0) if has_scale else 0, scales[1].stride(0) if has_scale else 0,
+        out.stride(0), out.stride(1), out.stride(2),
+        splits, HAS_SCALE=has_scale, HAS_SLOTS=slot_ids is not None, SINGLE_SPLIT=splits == 1,
+        BLOCK_T=BLOCK_T, HEAD_DIM=D, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    if splits > 1:
+        # Pass 2 is tiny (splits x D floats per program): one warp per (row, head) suffices.
+        _decode_reduce_kernel[(B * H,)](
+            part_m, part_l, part_acc, out, H, splits, out.stride(0), out.stride(1), out.stride(2),
+            BLOCK_S=triton.next_power_of_2(splits), HEAD_DIM=D, num_warps=1,
+        )  # fmt: skip
+    return out
+
+
+def _check(q, k, v, lengths, k_scale, v_scale, slot_ids) -> None:
+    """Fail loudly on shapes and dtypes that the kernels would misread."""
+    if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"need q [B, H, D] and k, v [S, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, D = q.shape
+    S, Hk, _, Dk = k.shape
+    if (Hk, Dk) != (H, D):
+        raise ValueError(f"k/v heads and dim {(Hk, Dk)} differ from q's {(H, D)}")
+    if lengths.shape != (B,) or lengths.dtype != torch.int32:
+        raise ValueError(f"lengths must be int32 [{B}], got {lengths.dtype} {tuple(lengths.shape)}")
+    if slot_ids is None and S != B:
+        raise ValueError(f"without slot_ids the cache must have B={B} rows, got {S}")
+    if slot_ids is not None and (slot_ids.shape != (B,) or slot_ids.dtype != torch.int32):
+        raise ValueError(f"slot_ids must be int32 [{B}], got {slot_ids.dtype} {tuple(slot_ids.shape)}")
+    is_fp8 = k.dtype == FP8_DTYPE
+    if is_fp8 != (k_scale is not None) or is_fp8 != (v_scale is not None) or v.dtype != k.dtype:
+        raise ValueError("fp8 K/V need k_scale and v_scale [S, H]; fp16/bf16 K/V take none")
+    if is_fp8 and (k_scale.shape != (S, H) or v_scale.shape != (S, H)):
+        raise ValueError(f"k_scale and v_scale must be [{S}, {H}]")
+    if is_fp8 and (k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32):
+        raise ValueError("k_scale and v_scale must be float32")
+
+
+@jit
+def _decode_partial_kernel(
+    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    H, T, chunk,
+    stride_qb, stride_qh, stride_qd,
+    stride_ks, stride_kh, stride_kt, stride_kd,
+    stride_vs, stride_vh, stride_vt, stride_vd,
+    stride_kss, stride_vss,
+    stride_ob, stride_oh, stride_od,
+    num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
+    HAS_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)  # b * H + h
+    split = tl.program_id(1)
+    b = pid // H
+    h = pid % H
+    length = tl.minimum(tl.load(len_ptr + b), T)
+    start = split * chunk
+    end = tl.minimum(start + chunk, length)
+    if HAS_SLOTS:
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+    else:
+        slot = b.to(tl.int64)
+
+    # HEAD_DIM is exact (a power of two), so no load is masked along it: a mask that varies along
+    # the contiguous axis stops vector loads (fp8 K/V then ran 1.5x slower).
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d * stride_qd).to(tl.float32)
+    scale = qk_scale
+    if HAS_SCALE:
+        scale = scale * tl.load(k_scale_ptr + slot * stride_kss + h)
+    q = q * scale  # folding both scales into q costs D multiplies instead of one per position
+
+    k_base = k_ptr + slot * stride_ks + h * stride_kh
+    v_base = v_ptr + slot * stride_vs + h * stride_vh
+    # Per-lane online softmax: lane t of every tile keeps its own running max m, sum l and
+    # output row acc[t, :], so the loop has no reduction across warps (the q.k sum runs along D
+    # inside a warp); the lanes are merged once after the loop. This ran 1.3-1.5x faster than
+    # reducing p @ V to [D] in every tile. The finite start (-1e30, not -inf) keeps exp2(m - m_new)
+    # at 0 or 1 for lanes that have seen no valid position yet, never NaN.
+    m_i = tl.full((BLOCK_T,), -1e30, tl.float32)
+    l_i = tl.zeros((BLOCK_T,), tl.float32)
+    acc = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mask_t = offs_t < end
+        mask = mask_t[:, None]
+        # Both loads first, so that V's is in flight while the scores are computed.
+        kt = tl.load(k_base + offs_t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=mask, other=0.0)
+        vt = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=mask, other=0.0)
+        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BLOCK_T], base-2 logits
+        s = tl.where(mask_t, s, float("-inf"))
+        m_new = tl.maximum(m_i, s)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        acc = acc * alpha[:, None] + p[:, None] * vt.to(tl.float32)
+        l_i = l_i * alpha + p
+        m_i = m_new
+    m_max = tl.max(m_i, axis=0)
+    w = tl.exp2(m_i - m_max)
+    l_sum = tl.sum(l_i * w, axis=0)
+    o = tl.sum(acc * w[:, None], axis=0)  # [HEAD_DIM]
+    if HAS_SCALE:
+        o = o * tl.load(v_scale_ptr + slot * stride_vss + h)
+
+    if SINGLE_SPLIT:
+        o = tl.where(l_sum > 0, o / tl.maximum(l_sum, 1e-30), 0.0)  # length 0 -> zeros, not NaN
+        out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty))
+    else:
+        part = pid * num_splits + split
+        tl.store(part_m_ptr + part, m_max)
+        tl.store(part_l_ptr + part, l_sum)
+        tl.store(part_acc_ptr + part * HEAD_DIM + offs_d, o)
+
+
+@jit
+def _decode_reduce_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    H, num_splits, stride_ob, stride_oh, stride_od,
+    BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)  # b * H + h
+    b = pid // H
+    h = pid % H
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    offs_d = tl.arange(0, HEAD_DIM)
+    part = pid * num_splits + offs_s
+    m = tl.load(part_m_ptr + part, mask=mask_s, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=mask_s, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+    m_max = tl.max(m, axis=0)  # finite: an empty chunk's partial has m = -1e30 and l = 0
+    w = tl.exp2(m - m_max)  # the tile's padding (-inf) weighs 0
+    l_sum = tl.sum(w * l, axis=0)
+    o = tl.sum(w[:, None] * acc, axis=0)
+    o = tl.where(l_sum > 0, o / tl.maximum(l_sum, 1e-30), 0.0)
+    out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od
+    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty))

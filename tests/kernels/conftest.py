@@ -1,0 +1,20 @@
+"""Kernel tests run on CUDA when present, else through Triton's interpreter on the CPU.
+
+Triton decides interpret-or-compile when a kernel's `@triton.jit` runs, so TRITON_INTERPRET=1 is
+set here, before the test modules import cuda_ops; kernel modules that another test imported
+earlier in the session are re-imported so that their kernels pick the interpreter up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    os.environ["TRITON_INTERPRET"] = "1"
+    for name in ("cuda_ops.attention", "cuda_ops.mel"):
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])

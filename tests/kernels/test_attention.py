@@ -1,0 +1,196 @@
+"""Decode attention kernels against the fp32 reference, on CUDA or through Triton's interpreter.
+
+Tolerance rule (flash-attention's): the kernel's max error against the fp32 reference may be at
+most 2x PyTorch's own error when it runs the same attention (SDPA) in the low-precision dtype,
+plus 1e-5 so that an exact baseline (e.g. one position: output = v) leaves room for rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuda_ops.attention import (
+    FP8_DTYPE,
+    choose_num_splits,
+    decode_attention,
+    decode_attention_reference,
+    decode_attention_triton,
+    dequantize_kv,
+    quantize_kv,
+)
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+D = 64  # every Whisper size has head dim 64
+
+# The interpreter runs each program in numpy, so the CPU gets the shapes that cover the paths
+# (one split and several, partial tiles, length 1, slots, both H) at small B*H; CUDA gets all.
+if CUDA:
+    SHAPES = [(b, h, t) for b in (1, 3, 7) for h in (6, 20) for t in (1, 17, 448, 1500)]
+else:
+    SHAPES = [(1, 6, 1), (3, 6, 17), (7, 6, 17), (3, 6, 448), (1, 20, 448), (1, 6, 1500)]
+
+
+def make_case(B, H, T, kv, slots, seed=0, q_dtype=torch.float16):
+    """Random q/K/V and per-row lengths (row 0 has length 1, the last row all T)."""
+    gen = torch.Generator().manual_seed(seed)
+    S = B + 3 if slots else B
+    q = torch.randn(B, H, D, generator=gen).to(q_dtype)
+    k = torch.randn(S, H, T, D, generator=gen)
+    v = torch.randn(S, H, T, D, generator=gen)
+    k = k * torch.rand(S, H, 1, 1, generator=gen) * 4  # heads of different ranges -> different scales
+    lengths = torch.randint(1, T + 1, (B,), generator=gen, dtype=torch.int32)
+    lengths[0] = 1
+    lengths[-1] = T
+    slot_ids = torch.randperm(S, generator=gen)[:B].to(torch.int32) if slots else None
+    args = dict(k_scale=None, v_scale=None, slot_ids=slot_ids)
+    if kv == "fp8":
+        k, args["k_scale"] = quantize_kv(k)
+        v, args["v_scale"] = quantize_kv(v)
+    else:
+        k, v = k.to(kv), v.to(kv)
+    move = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), lengths.to(DEVICE), {n: move(x) for n, x in args.items()}
+
+
+def bound(q, k, v, lengths, args, ref32):
+    """2x the error of PyTorch's SDPA run in q's dtype on the same (dequantised) K/V, + 1e-5."""
+    kf = k.float() if args["k_scale"] is None else dequantize_kv(k, args["k_scale"])
+    vf = v.float() if args["v_scale"] is None else dequantize_kv(v, args["v_scale"])
+    if args["slot_ids"] is not None:
+        kf, vf = kf[args["slot_ids"].long()], vf[args["slot_ids"].long()]
+    T = k.shape[2]
+    mask = torch.arange(T, device=q.device)[None, :] < lengths[:, None]  # [B, T]
+    low = F.scaled_dot_product_attention(
+        q[:, :, None], kf.to(q.dtype), vf.to(q.dtype), attn_mask=mask[:, None, None, :]
+    )[:, :, 0]
+    return 2 * (low.float() - ref32).abs().max().item() + 1e-5
+
+
+def check(out, ref32, tol):
+    assert torch.isfinite(out).all(), "kernel output has NaN/inf (or unwritten poison)"
+    err = (out.float() - ref32).abs().max().item()
+    assert err <= tol, f"max error {err:.3g} > bound {tol:.3g}"
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["direct", "slots"])
+@pytest.mark.parametrize("kv", ["fp8", torch.float16], ids=["fp8", "fp16"])
+@pytest.mark.parametrize("B,H,T", SHAPES)
+def test_matches_reference(B, H, T, kv, slots):
+    q, k, v, lengths, args = make_case(B, H, T, kv, slots)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    out = torch.full_like(q, float("nan"))  # poison: every element must be written
+    result = decode_attention_triton(q, k, v, lengths, **args, out=out)
+    assert result is out and out.dtype == q.dtype
+    check(out, ref32, bound(q, k, v, lengths, args, ref32))
+
+
+def test_bf16_cross_attention():
+    """bf16 q/K/V, every row at the full encoder length (cross-attention)."""
+    B, H, T = (3, 20, 1500) if CUDA else (1, 6, 1500)
+    q, k, v, lengths, args = make_case(B, H, T, torch.bfloat16, False, q_dtype=torch.bfloat16)
+    lengths.fill_(T)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    out = decode_attention_triton(q, k, v, lengths, **args)
+    assert out.dtype == torch.bfloat16
+    check(out, ref32, bound(q, k, v, lengths, args, ref32))
+
+
+@pytest.mark.parametrize("kv", ["fp8", torch.float16], ids=["fp8", "fp16"])
+def test_split_counts_agree(kv):
+    """One split (pass 1 writes the output), 2 and the chosen 3 (pass 2 merges) agree."""
+    q, k, v, lengths, args = make_case(3, 6, 300, kv, True, seed=1)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits in (1, 2, None):
+        check(decode_attention_triton(q, k, v, lengths, **args, num_splits=splits), ref32, tol)
+
+
+def test_zero_length_rows_give_zeros():
+    """Padding rows of a CUDA-graph batch bucket have length 0: zeros, never NaN."""
+    q, k, v, lengths, args = make_case(3, 6, 200, "fp8", False)
+    lengths[1] = 0
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    assert torch.equal(ref32[1], torch.zeros_like(ref32[1]))
+    for splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        check(out, ref32, 1e-2)  # accuracy is test_matches_reference's job; this one checks the zero row
+
+
+def test_strided_cache_view():
+    """A cache stored [S, T, H, D] and viewed as [S, H, T, D] (non-contiguous) is read correctly."""
+    q, k, v, lengths, args = make_case(3, 6, 17, torch.float16, True, seed=2)
+    k_sthd, v_sthd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    out = decode_attention_triton(q, k_sthd.transpose(1, 2), v_sthd.transpose(1, 2), lengths, **args)
+    check(out, ref32, bound(q, k, v, lengths, args, ref32))
+
+
+def test_quantize_kv_round_trip():
+    """e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for normals, absolute <= 2^-10 x scale below."""
+    x = torch.randn(2, 3, 50, D) * torch.tensor([1e-3, 1.0, 300.0])[None, :, None, None]
+    x[1, 2] = 0  # an all-zero head must not divide by zero
+    x8, scale = quantize_kv(x.half())
+    assert x8.dtype == FP8_DTYPE and scale.shape == (2, 3) and scale.dtype == torch.float32
+    assert scale[1, 2] == 1.0 and torch.equal(x8[1, 2].float(), torch.zeros(50, D))
+    back = dequantize_kv(x8, scale)
+    xh = x.half().float()
+    assert (back - xh).abs().le(xh.abs() * 2**-4 + scale[:, :, None, None] * 2**-10).all()
+    assert torch.allclose(back.abs().amax(dim=(2, 3))[scale != 1.0], xh.abs().amax(dim=(2, 3))[scale != 1.0], rtol=2**-4)
+
+
+def test_choose_num_splits_fills_the_gpu():
+    """Small batches split T until ~2 programs per SM, in whole tiles; large batches and short T do not."""
+    assert choose_num_splits(1 * 20, 1500, 132) == 12  # 12 tiles of 128 cap the 14 wanted
+    assert choose_num_splits(8 * 20, 1500, 132) == 2
+    assert choose_num_splits(32 * 20, 1500, 132) == 1
+    assert choose_num_splits(1 * 20, 448, 132) == 4
+    assert choose_num_splits(3 * 6, 1500, 132) == 12
+    assert choose_num_splits(5 * 6, 1500, 132) == 6  # 9 wanted -> chunks of 2 tiles -> 6 splits
+    assert choose_num_splits(1 * 6, 100, 132) == 1
+    assert all(1 <= choose_num_splits(bh, t, 132) <= 32 for bh in (1, 6, 20, 5120) for t in (1, 448, 1500, 10**6))
+
+
+def test_reference_rejects_bad_inputs():
+    q, k, v, lengths, args = make_case(3, 6, 17, "fp8", False)
+    with pytest.raises(ValueError, match="k_scale"):
+        decode_attention_reference(q, k, v, lengths)
+    with pytest.raises(ValueError, match="lengths"):
+        decode_attention_reference(q, k, v, lengths.long(), **args)
+    with pytest.raises(ValueError, match="slot_ids"):
+        decode_attention_reference(q, k[:2], v[:2], lengths, **args)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_graph_replay_with_new_lengths():
+    """The engine captures the decode step once per batch bucket and replays it as lengths grow."""
+    q, k, v, lengths, args = make_case(7, 20, 448, "fp8", True, seed=3)
+    out = torch.empty_like(q)
+    decode_attention(q, k, v, lengths, **args, out=out)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(q, k, v, lengths, **args, out=out)
+    for step in range(3):
+        lengths.copy_(torch.clamp(lengths + 50 * step, max=448))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+        check(out, ref32, bound(q, k, v, lengths, args, ref32))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_partials_are_written_before_read():
+    """Poison the caching allocator with NaN so that an unwritten partial would show."""
+    q, k, v, lengths, args = make_case(1, 20, 1500, "fp8", False, seed=4)
+    lengths.fill_(37)  # 1 of 12 splits holds positions; the other 11 write empty partials
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    # Blocks under 1 MiB come from the allocator's small pool: fill it with NaN, then free it.
+    poison = [torch.full((64 * 1024,), float("nan"), device=DEVICE) for _ in range(64)]
+    del poison
+    check(decode_attention_triton(q, k, v, lengths, **args), ref32, tol)

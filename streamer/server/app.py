@@ -129,10 +129,13 @@ class GracefulServer(uvicorn.Server):
 
 
 def build_server(app: Starlette, host: str, port: int) -> GracefulServer:
-    """uvicorn with uvloop and the websockets implementation, limits from the app's settings."""
+    """uvicorn with uvloop and the `websockets` library, limits from the app's settings.
+
+    `websockets-sansio` is uvicorn's implementation on the library's current API; its `websockets`
+    one runs on the library's deprecated legacy API (same behaviour, tests pass with both)."""
     settings: Settings = app.state.streamer.settings
     config = uvicorn.Config(
-        app, host=host, port=port, loop="uvloop", ws="websockets", lifespan="on",
+        app, host=host, port=port, loop="uvloop", ws="websockets-sansio", lifespan="on",
         ws_max_size=WS_MAX_SIZE_FACTOR * settings.server.max_message_bytes,
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5, log_level="info")
     return GracefulServer(config, app.state.streamer)

@@ -1,0 +1,113 @@
+"""Which Whisper matmul sites run in FP8 (e4m3, `fp8.FP8Linear`) and which stay fp16.
+
+FP8 pays where the activation is produced by a fused kernel that can emit it quantised
+(`layernorm.layer_norm(out_fp8=True)`, `fp8.bias_gelu_quant`) and where the GEMM is large enough
+to be compute-bound (encoder: M = 1500 tokens x batch). A site whose input would need a separate
+quantisation pass loses more to that pass than it gains (measured on an H200: a large-v3
+encoder with separately quantised FP8 linears ran at 112 windows/s against 214 in fp16).
+The decoder runs one token per live sequence, so its linears are bound by reading weights; FP8
+halves those bytes, but decoder errors compound token after token, so only the widest layers
+are converted in the mixed preset. Quality of a preset is judged by WER against fp16, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Literal
+
+SiteDtype = Literal["fp16", "fp8"]
+_SITE_DTYPES = ("fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Per-site numeric format of the Whisper encoder/decoder ("fp16" or "fp8")."""
+
+    encoder_qkv: SiteDtype = "fp16"
+    """Encoder q/k/v projections. FP8 is safe and fast: the input is LayerNorm output (no
+    outliers beyond what per-token scales absorb), emitted in FP8 by the fused LayerNorm."""
+
+    encoder_out_proj: SiteDtype = "fp16"
+    """Encoder attention output projection. Its input comes out of the attention kernel, which
+    does not emit FP8, so FP8 here needs a separate quantisation pass (measured to be a loss)."""
+
+    encoder_ffn: SiteDtype = "fp16"
+    """Encoder fc1/fc2: two thirds of encoder FLOPs. Safe and fast: fc1's input is fused
+    LayerNorm output, fc2's is GELU output quantised in the bias+GELU kernel."""
+
+    decoder_self_qkv: SiteDtype = "fp16"
+    """Decoder self-attention q/k/v. Its K/V enter the cache and every later token attends to
+    them, so errors compound; small matrices, little to gain."""
+
+    decoder_cross_q: SiteDtype = "fp16"
+    """Decoder cross-attention query projection: one 1280x1280 matrix per layer, little to gain;
+    its error moves every attention weight over the audio."""
+
+    decoder_out_proj: SiteDtype = "fp16"
+    """Decoder self- and cross-attention output projections: inputs come from attention
+    (no fused quantiser), so FP8 costs a separate pass on every decode step."""
+
+    decoder_ffn: SiteDtype = "fp16"
+    """Decoder fc1/fc2: the widest decoder weights (2 x 1280 x 5120 per layer), read in full on
+    every decode step; FP8 halves those bytes, and inputs come from the fused LayerNorm and GELU.
+    On the H200 it pays only at large decode batches (fc1: 6.8 vs 8.0 us at 256 rows, but 6.9 vs
+    4.6 us at 16: cuBLAS's row-wise FP8 GEMM has a fixed cost)."""
+
+    cross_kv_proj: SiteDtype = "fp16"
+    """Projection of the encoder output to cross-attention K/V, once per window (M = 1500 x
+    batch, compute-bound); its input is the encoder's final LayerNorm, which can emit FP8."""
+
+    cross_kv_cache: SiteDtype = "fp16"
+    """Storage of the cross-attention K/V cache (1500 tokens x 2 x d_model per layer, read on
+    every decode step: the largest decoder read). FP8 with per-token scales halves it and doubles
+    the number of decoder slots that fit; needs an attention kernel that reads FP8 K/V."""
+
+    use_fused_layernorm: bool = True
+    """Residual add + LayerNorm in one kernel. Numerically the same as the unfused ops (fp32
+    math, the residual sum rounded to the stream dtype), so safe in every preset; required
+    for any FP8 site fed by a LayerNorm."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "use_fused_layernorm" and value not in _SITE_DTYPES:
+                raise ValueError(f"PrecisionConfig.{f.name} must be one of {_SITE_DTYPES}, got {value!r}")
+        ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)
+        if not self.use_fused_layernorm and "fp8" in ln_fed:
+            raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
+
+    @property
+    def uses_fp8(self) -> bool:
+        """True when any site runs in FP8 (the model then needs a GPU with FP8 tensor cores)."""
+        return any(getattr(self, f.name) == "fp8" for f in fields(self) if f.name != "use_fused_layernorm")
+
+
+def full_fp16() -> PrecisionConfig:
+    """Every linear and cache in fp16: the reference for quality."""
+    return PrecisionConfig()
+
+
+def mixed_fp8() -> PrecisionConfig:
+    """FP8 where a fused kernel produces the input and the error does not compound."""
+    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", decoder_ffn="fp8", cross_kv_cache="fp8")
+
+
+def aggressive_fp8() -> PrecisionConfig:
+    """Every linear and the cross-attention cache in FP8: the most throughput, least margin."""
+    return PrecisionConfig(**{f.name: "fp8" for f in fields(PrecisionConfig) if f.name != "use_fused_layernorm"})
+
+
+PRESETS: dict[str, Callable[[], PrecisionConfig]] = {
+    "full_fp16": full_fp16,
+    "mixed_fp8": mixed_fp8,
+    "aggressive_fp8": aggressive_fp8,
+}
+
+
+def get_preset(name: str) -> PrecisionConfig:
+    """The preset called `name` (the PRECISION setting)."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown precision preset {name!r}; valid: {', '.join(PRESETS)}") from None

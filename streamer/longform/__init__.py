@@ -1,0 +1,42 @@
+"""Long-form transcription of completed recordings: `transcribe_long(engine, audio, mode=...)`.
+
+`fast` decodes all windows of a recording at once (`fast.py`); `accurate` walks through it window
+after window with the previous text as prompt (`accurate.py`). docs/longform.md compares them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from streamer.engine.engine import Engine
+from streamer.engine.request import DecodeOptions
+from streamer.longform.accurate import transcribe_accurate
+from streamer.longform.fast import transcribe_fast
+from streamer.longform.transcript import Transcript, TranscriptSegment
+
+MODES = ("fast", "accurate")
+
+__all__ = ["MODES", "Transcript", "TranscriptSegment", "transcribe_long"]
+
+
+async def transcribe_long(engine: Engine, audio: np.ndarray, *, mode: str = "fast",
+                          options: DecodeOptions = DecodeOptions(), word_timestamps: bool = False,
+                          on_progress: Callable[[float], None] | None = None,
+                          on_segments: Callable[[list[TranscriptSegment]], None] | None = None) -> Transcript:
+    """Transcribe a whole recording (float32 mono, 16 kHz, any length) through `engine`.
+
+    `options` apply to every window (`timestamps` is always on; `prompt` is the initial prompt).
+    `on_progress(fraction)` is called after each window; `on_segments(segments)` with each
+    window's segments as soon as they are final and in order (for streaming). Raises `QueueFull`
+    when the engine cannot take the first window, `EngineClosed` when it is shutting down.
+    Audio of 30 s or less is one window in either mode.
+    """
+    if mode == "fast":
+        return await transcribe_fast(engine, audio, options, word_timestamps=word_timestamps,
+                                     on_progress=on_progress, on_segments=on_segments)
+    if mode == "accurate":
+        return await transcribe_accurate(engine, audio, options, word_timestamps=word_timestamps,
+                                         on_progress=on_progress, on_segments=on_segments)
+    raise ValueError(f"mode must be one of {MODES}, not {mode!r}")

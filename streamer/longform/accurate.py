@@ -1,0 +1,127 @@
+"""accurate: openai/whisper's sequential seek, one window after another, each conditioned on the text
+before it.
+
+A window of 30 s starts at `seek`; it is decoded with segment timestamps and the text so far as
+prompt. Segments closed by a timestamp pair are kept; the window's last segment is kept too when the
+text ends on a single timestamp (the model says the speech ended there), and then the whole window
+is consumed. Otherwise the text after the last complete segment is dropped and `seek` moves to that
+segment's end, so a word cut by the window edge is decoded again whole, at the start of the next
+window. A recording is one chain of windows; many recordings run as concurrent chains whose
+windows share the engine's steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from streamer.engine.engine import Engine
+from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
+from streamer.longform.speech import find_speech, is_silent
+from streamer.longform.submit import submit_window
+from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
+from streamer.longform.words import add_word_timestamps
+from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
+
+PROMPT_RESET_TEMPERATURE = 0.5
+"""A window that needed a hotter retry than this is likely garbled: do not feed it as prompt."""
+MAX_PROMPT_CHARS = 2000
+"""The prompt keeps at most 223 tokens; this much text is comfortably more than that."""
+MIN_WINDOW_S = 0.1
+"""A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
+
+
+def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) -> tuple[list[tuple[float, float, list[int]]], float]:
+    """(start, end, text tokens) of the segments to keep from a window's sampled `tokens`, and how
+    far (seconds) to advance the seek.
+
+    Timestamp pairs `<|a|><|b|>` close one segment and open the next. If the tokens end with text
+    (no closing timestamp: the window edge cut it, or the token limit), that text is dropped and
+    the seek stops at the last complete segment. Without any pair, the whole text is one segment up
+    to its last timestamp (or the window's end) and the whole window is consumed.
+    """
+    tb = tokenizer.timestamp_begin
+    is_ts = [t >= tb for t in tokens]
+    single_ending = len(tokens) >= 2 and is_ts[-2:] == [False, True]
+    pairs = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+    if pairs:
+        cuts = pairs + ([len(tokens)] if single_ending else [])
+        spans, last = [], 0
+        for cut in cuts:
+            piece = tokens[last:cut]
+            spans.append((tokenizer.time_of(piece[0]) if is_ts[last] else 0.0, tokenizer.time_of(piece[-1]),
+                          [t for t in piece if t < tokenizer.eot]))
+            last = cut
+        advance = window_s if single_ending else tokenizer.time_of(tokens[last - 1])
+        return spans, advance
+    stamps = [t for t in tokens if t >= tb]
+    end = tokenizer.time_of(stamps[-1]) if stamps and stamps[-1] != tb else window_s
+    return [(tokenizer.time_of(stamps[0]) if stamps and is_ts[0] else 0.0, end, [t for t in tokens if t < tokenizer.eot])], window_s
+
+
+def _window_end(speech: list[tuple[int, int]], first: int, seek: int, n: int) -> int:
+    """End of the window that starts at `seek`: the end of the last stretch of speech that fits in
+    30 s, so that the window closes in a pause; 30 s when none does."""
+    limit = min(n, seek + MAX_WINDOW_SAMPLES)
+    end = None
+    for _start, speech_end in speech[first:]:
+        if speech_end > limit:
+            break
+        end = speech_end
+    return end if end is not None and end > seek else limit
+
+
+async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
+                              on_progress: Callable[[float], None] | None = None,
+                              on_segments: Callable[[list[TranscriptSegment]], None] | None = None) -> Transcript:
+    """Transcribe `audio` (16 kHz float32) window after window; see the module's docstring."""
+    tok = engine.tokenizer
+    n = len(audio)
+    speech = await asyncio.to_thread(find_speech, audio)
+    language = options.language if tok.multilingual else "en"
+    prompt = options.prompt or ""  # text since the last reset; the caller's prompt opens it
+    windows: list[Window] = []
+    seek, next_speech = 0, 0
+    while True:
+        # Jump over audio without speech: it is never decoded (no hallucinations on silence).
+        while next_speech < len(speech) and speech[next_speech][1] <= seek:
+            next_speech += 1
+        if next_speech == len(speech):
+            break
+        seek = max(seek, speech[next_speech][0])
+        if n - seek < MIN_WINDOW_S * SAMPLE_RATE:
+            break
+        window = Window(start=seek, length=_window_end(speech, next_speech, seek, n) - seek)
+        opts = dataclasses.replace(options, timestamps=True, language=language, prompt=prompt or None)
+        handle = await submit_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
+        try:
+            result = await handle.result()
+        except asyncio.CancelledError:  # the caller went away: free the engine's slot
+            handle.cancel()
+            raise
+        language = language or result.language
+        window_s = window.length / SAMPLE_RATE
+        advance = window_s
+        if not is_silent(result, options):
+            spans, advance = complete_segments(result.tokens, tok, window_s)
+            window.segments = make_segments(spans, result, tok, window)
+            if result.temperature > PROMPT_RESET_TEMPERATURE:
+                prompt = ""
+            else:
+                prompt = (prompt + "".join(s.text for s in window.segments))[-MAX_PROMPT_CHARS:]
+        # The seek always moves on, so a window that ends on its first timestamp cannot loop.
+        seek += max(round(advance * SAMPLE_RATE), round(TIME_PRECISION * SAMPLE_RATE))
+        windows.append(window)
+        if on_segments is not None and window.segments:
+            on_segments(window.segments)
+        if on_progress is not None:
+            on_progress(min(1.0, seek / n))
+
+    if word_timestamps:
+        await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
+    if on_progress is not None and not windows:
+        on_progress(1.0)
+    return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)

@@ -1,0 +1,103 @@
+"""fast: cut the recording at pauses into windows of at most 30 s and decode them all at once.
+
+silero-vad finds the speech; consecutive stretches of speech are packed into windows of at most
+30 s (a stretch longer than that was already cut by the VAD at the quietest point of its last
+seconds), so every cut lies in a pause and no word straddles two windows: the windows need no
+overlap and the texts join without deduplication. Audio between windows is non-speech and is not
+decoded at all. All windows are in the engine at once (up to MAX_IN_FLIGHT per recording), so
+they share encoder batches and decoder steps; each is decoded without the previous text as prompt,
+which is the price of the parallelism (see `accurate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from streamer.engine.engine import Engine, Handle
+from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Result
+from streamer.longform.submit import detect_language, submit_window
+from streamer.longform.speech import find_speech, is_silent
+from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
+from streamer.longform.words import add_word_timestamps
+from streamer.model.decoding import split_segments
+
+MAX_IN_FLIGHT = 64
+"""Windows of one recording in the engine at once: enough to fill a GPU's batch, while many
+recordings together stay under the engine's queue bound, so live finals are never refused."""
+
+
+def plan_windows(speech: list[tuple[int, int]], n_samples: int) -> list[tuple[int, int]]:
+    """Sample ranges [start, end) of the windows to decode, from the recording's `speech` ranges:
+    consecutive stretches packed into windows of at most 30 s, so that every cut lies in a pause.
+
+    A recording of 30 s or less is one window, or none when it holds no speech.
+    """
+    if not speech:
+        return []
+    if n_samples <= MAX_WINDOW_SAMPLES:
+        return [(0, n_samples)]
+    windows: list[tuple[int, int]] = []
+    for start, end in speech:
+        if windows and end - windows[-1][0] <= MAX_WINDOW_SAMPLES:
+            windows[-1] = (windows[-1][0], end)
+        else:
+            # The VAD caps stretches at 28 s plus padding; split anything longer to be safe.
+            for s in range(start, end, MAX_WINDOW_SAMPLES):
+                windows.append((s, min(end, s + MAX_WINDOW_SAMPLES)))
+    return windows
+
+
+async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
+                          on_progress: Callable[[float], None] | None = None,
+                          on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
+                          max_in_flight: int = MAX_IN_FLIGHT) -> Transcript:
+    """Transcribe `audio` (16 kHz float32) in parallel windows; see the module's docstring."""
+    speech = await asyncio.to_thread(find_speech, audio)
+    windows = [Window(start=s, length=e - s) for s, e in plan_windows(speech, len(audio))]
+    options = dataclasses.replace(options, timestamps=True)
+    language = options.language if engine.tokenizer.multilingual else "en"
+    if language is None and len(windows) > 1:  # one language for the whole recording, as openai's transcribe
+        first = windows[0]
+        language = await detect_language(engine, audio[first.start:first.start + first.length], options)
+        options = dataclasses.replace(options, language=language)
+
+    results: list[Result | None] = [None] * len(windows)
+    pending: dict[asyncio.Future, tuple[int, Handle]] = {}
+    next_submit, next_emit, done = 0, 0, 0
+    try:
+        while next_submit < len(windows) or pending:
+            while next_submit < len(windows) and len(pending) < max_in_flight:
+                w = windows[next_submit]
+                handle = await submit_window(engine, audio[w.start:w.start + w.length], options, started=next_submit > 0)
+                pending[asyncio.ensure_future(handle.result())] = (next_submit, handle)
+                next_submit += 1
+            finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in finished:
+                i, _handle = pending.pop(future)
+                result = results[i] = future.result()
+                if not is_silent(result, options):
+                    spans = split_segments(result.tokens, engine.tokenizer, windows[i].length / SAMPLE_RATE)
+                    windows[i].segments = make_segments(spans, result, engine.tokenizer, windows[i])
+                done += 1
+            while next_emit < len(windows) and results[next_emit] is not None:  # in order, as soon as known
+                if on_segments is not None and windows[next_emit].segments:
+                    on_segments(windows[next_emit].segments)
+                next_emit += 1
+            if on_progress is not None:
+                on_progress(done / len(windows))
+    finally:
+        for future, (_i, handle) in pending.items():  # failed or cancelled: free the engine's slots
+            future.cancel()
+            handle.cancel()
+
+    if language is None:
+        language = next((r.language for r in results if r is not None and r.language), None)
+    if word_timestamps:
+        await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
+    if on_progress is not None and not windows:
+        on_progress(1.0)
+    return join(windows, language=language, duration=len(audio) / SAMPLE_RATE, task=options.task)

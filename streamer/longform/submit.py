@@ -1,0 +1,37 @@
+"""Handing a recording's windows to the engine at file priority, under its queue bound."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+
+from streamer.engine.engine import Engine, Handle
+from streamer.engine.request import DecodeOptions, Priority
+from streamer.engine.scheduler import QueueFull
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+"""A recording under way waits for queue room with backoff between these delays."""
+
+
+async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Handle:
+    """Queue one window. A new recording (`started=False`) is refused at once with `QueueFull`
+    (HTTP 429); one under way waits for room instead of failing half done."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            return engine.submit(audio, options, priority=Priority.FILE)
+        except QueueFull:
+            if not started:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
+
+
+async def detect_language(engine: Engine, audio: np.ndarray, options: DecodeOptions) -> str:
+    """The language of one window: the encoder and a single decoder step, no fallback."""
+    probe = dataclasses.replace(options, language=None, prompt=None, max_new_tokens=1, temperatures=(0.0,))
+    result = await (await submit_window(engine, audio, probe, started=False)).result()
+    return result.language or "en"

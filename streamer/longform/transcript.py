@@ -1,0 +1,96 @@
+"""The transcript of a whole recording, joined from the windows it was decoded in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streamer.audio.features import HOP_LENGTH
+from streamer.engine.request import SAMPLE_RATE, Result, Word
+
+
+@dataclass
+class TranscriptSegment:
+    """A stretch of text between two of Whisper's timestamps, in seconds from the recording's start."""
+
+    id: int
+    seek: int
+    """Start of the window it was decoded in, in 10-ms mel frames (OpenAI's `seek`)."""
+    start: float
+    end: float
+    text: str
+    """As decoded, with its leading space."""
+    tokens: list[int]
+    """Text tokens, without special or timestamp tokens."""
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    temperature: float
+    """Of the accepted attempt of its window (after temperature fallback)."""
+    words: list[Word] | None = None
+    """Present when word timestamps were asked for."""
+
+
+@dataclass
+class Window:
+    """A decoded stretch of the recording and the segments kept from it."""
+
+    start: int
+    """First sample of the window in the recording."""
+    length: int
+    """Samples in the window (at most 30 s)."""
+    segments: list[TranscriptSegment] = field(default_factory=list)
+
+
+@dataclass
+class Transcript:
+    """What `transcribe_long` returns."""
+
+    text: str
+    language: str | None
+    """Language code, given or detected on the first window."""
+    duration: float
+    """Seconds of audio in the recording."""
+    segments: list[TranscriptSegment]
+    task: str = "transcribe"
+
+    @property
+    def words(self) -> list[Word]:
+        """Every word in order; empty unless word timestamps were asked for."""
+        return [w for s in self.segments for w in (s.words or [])]
+
+
+def make_segments(spans: list[tuple[float, float, list[int]]], result: Result, tokenizer, window: Window) -> list[TranscriptSegment]:
+    """Segments of `window` from (start, end, text tokens) spans in seconds from the window's start.
+
+    Times are clamped to the window (the model may place a timestamp in the padding after short
+    audio); spans without text or without duration are dropped, as openai/whisper does.
+    """
+    offset = window.start / SAMPLE_RATE
+    limit = window.length / SAMPLE_RATE
+    out = []
+    for start, end, tokens in spans:
+        start, end = min(start, limit), min(end, limit)
+        text = tokenizer.decode(tokens)
+        if not text.strip() or end <= start:
+            continue
+        out.append(TranscriptSegment(
+            id=0, seek=window.start // HOP_LENGTH, start=round(offset + start, 3), end=round(offset + end, 3),
+            text=text, tokens=list(tokens), avg_logprob=result.avg_logprob,
+            compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob,
+            temperature=result.temperature))
+    return out
+
+
+def join(windows: list[Window], *, language: str | None, duration: float, task: str) -> Transcript:
+    """One transcript from windows in recording order: ids renumbered, times made non-decreasing."""
+    segments: list[TranscriptSegment] = []
+    previous_end = 0.0
+    for window in windows:
+        for seg in window.segments:
+            seg.id = len(segments)
+            seg.start = max(seg.start, previous_end)
+            seg.end = max(seg.end, seg.start)
+            previous_end = seg.end
+            segments.append(seg)
+    text = "".join(s.text for s in segments).strip()
+    return Transcript(text=text, language=language, duration=round(duration, 3), segments=segments, task=task)

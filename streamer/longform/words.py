@@ -1,0 +1,31 @@
+"""Word timestamps for decoded windows, aligned on the engine's model thread."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamer.engine.request import SAMPLE_RATE
+from streamer.longform.transcript import Window
+from streamer.model.alignment import MAX_BATCH, AlignmentItem, find_word_timings, words_in_segments
+
+
+async def add_word_timestamps(engine, audio: np.ndarray, windows: list[Window], *, language: str | None,
+                              task: str) -> None:
+    """Fill `words` of every segment of `windows` in place.
+
+    Windows go to the model thread MAX_BATCH at a time (`engine.call`): each call is one
+    forward pass, and engine steps for other requests run between calls.
+    """
+    todo = [w for w in windows if w.segments]
+    for k in range(0, len(todo), MAX_BATCH):
+        batch = todo[k:k + MAX_BATCH]
+        items = [AlignmentItem(audio[w.start:w.start + w.length], [t for s in w.segments for t in s.tokens])
+                 for w in batch]
+        timings = await engine.call(find_word_timings, engine.loaded, items, language, task)
+        for window, window_timings in zip(batch, timings):
+            spans = [(s.start, s.end, len(s.tokens)) for s in window.segments]
+            per_segment = words_in_segments(window_timings, spans, offset=window.start / SAMPLE_RATE)
+            for seg, words in zip(window.segments, per_segment):
+                seg.words = words
+                if words:  # Whisper's segment timestamps are coarser than the words inside them
+                    seg.start, seg.end = words[0].start, max(words[-1].end, words[0].start)

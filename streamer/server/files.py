@@ -1,0 +1,332 @@
+"""OpenAI's file endpoints: `POST /v1/audio/transcriptions`, `POST /v1/audio/translations`,
+`GET /v1/models`, `GET /v1/models/{id}`.
+
+An upload is read into a spooled temporary file (on disk past 1 MB) with its size counted as it
+arrives, decoded by PyAV in a worker thread, then transcribed by `streamer.longform` through the
+shared engine at file priority; the temporary file is removed when the request ends, whatever
+happens. Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`; the API key
+is checked by the app's `AuthMiddleware` (401) before a request gets here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from streamer.audio.decode import AudioDecodeError, decode_audio
+from streamer.engine.engine import EngineClosed
+from streamer.engine.request import DecodeOptions
+from streamer.engine.scheduler import QueueFull
+from streamer.longform import MODES, Transcript, transcribe_long
+from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
+from streamer.model.tokenizer import TO_LANGUAGE_CODE
+from streamer.server.auth import error_body
+
+log = logging.getLogger("streamer.server")
+
+WHISPER_ALIAS = "whisper-1"
+"""OpenAI's model name; clients written for OpenAI send it, and get the served model."""
+MAX_FIELD_BYTES = 64 * 1024
+"""Largest non-file form field (the prompt is the longest one that makes sense)."""
+GRANULARITIES = ("segment", "word")
+DEFAULT_TEMPERATURES = DecodeOptions().temperatures
+TEMPERATURE_STEP = 0.2
+"""A temperature t > 0 starts the fallback there and climbs by this step to 1.0 (openai's CLI)."""
+CREATED = int(time.time())
+"""`created` of the listed models: when this server started."""
+
+
+class ApiError(Exception):
+    """A request the endpoint refuses; becomes an OpenAI-shaped error response."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.type = status, message, code, param, type_
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, self.code, type_=self.type, param=self.param), status_code=self.status)
+
+
+@dataclass(frozen=True)
+class FileRequest:
+    """The validated fields of one upload."""
+
+    upload: UploadFile
+    options: DecodeOptions
+    response_format: str
+    mode: str
+    segments: bool
+    """Segment timestamps in verbose_json (the default granularity)."""
+    words: bool
+    """Word timestamps (`timestamp_granularities[]=word`)."""
+    stream: bool
+
+
+# --- endpoints -------------------------------------------------------------------------------------
+
+async def transcriptions(request: Request) -> Response:
+    return await _transcribe(request, "transcribe")
+
+
+async def translations(request: Request) -> Response:
+    return await _transcribe(request, "translate")
+
+
+async def list_models(request: Request) -> Response:
+    try:
+        engine = _engine(request)
+    except ApiError as e:
+        return _refuse(request, e)
+    return JSONResponse({"object": "list", "data": [_model_card(name) for name in _served_names(engine)]})
+
+
+async def get_model(request: Request) -> Response:
+    try:
+        engine = _engine(request)
+        name = request.path_params["model"]
+        if name not in _served_names(engine):
+            raise ApiError(404, f"model {name!r} is not served here; served: {', '.join(_served_names(engine))}",
+                           "model_not_found", param="model")
+    except ApiError as e:
+        return _refuse(request, e)
+    return JSONResponse(_model_card(name))
+
+
+routes = [
+    Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
+    Route("/v1/audio/translations", translations, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+]
+
+
+# --- one upload --------------------------------------------------------------------------------------
+
+async def _transcribe(request: Request, task: str) -> Response:
+    state = request.app.state.streamer
+    limits = state.settings.server
+    started = time.monotonic()
+    form: FormData | None = None
+    try:
+        engine = _engine(request)
+        max_bytes = int(limits.max_upload_mb * 2**20)
+        form = await _read_form(request, max_bytes)
+        req = _parse(form, engine, task, limits.mode)
+        audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes)
+        await form.close()  # the samples are in memory now: the temporary file can go
+        form = None
+        run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
+        if req.stream:
+            return StreamingResponse(_events(engine, audio, run, state, started), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        transcript = await transcribe_long(engine, audio, **run)
+        _observe(state, transcript, started)
+        body = render(transcript, req.response_format, segments=req.segments, words=req.words)
+        if isinstance(body, dict):
+            return JSONResponse(body)
+        return Response(body, media_type=MEDIA_TYPES[req.response_format])
+    except ApiError as e:
+        return _refuse(request, e)
+    except QueueFull as e:
+        return _refuse(request, ApiError(429, f"the server is busy, try again shortly ({e})", "rate_limit_exceeded",
+                                         type_="rate_limit_error"))
+    except EngineClosed:
+        return _refuse(request, _shutting_down())
+    finally:
+        if form is not None:
+            await form.close()
+
+
+async def _events(engine, audio, run: dict, state, started: float):
+    """Server-sent events: `transcript.text.delta` per decoded window (in order), then
+    `transcript.text.done`; an error after the response began comes as an `error` event."""
+    queue: asyncio.Queue = asyncio.Queue()
+    first = True
+
+    def on_segments(segments) -> None:
+        queue.put_nowait("".join(s.text for s in segments))
+
+    task = asyncio.ensure_future(transcribe_long(engine, audio, on_segments=on_segments, **run))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    try:
+        while (delta := await queue.get()) is not None:
+            if first:
+                delta, first = delta.lstrip(), False
+            if delta:
+                yield _sse({"type": "transcript.text.delta", "delta": delta})
+        try:
+            transcript = task.result()
+        except (QueueFull, EngineClosed) as e:
+            error = _shutting_down() if isinstance(e, EngineClosed) else ApiError(429, str(e), "rate_limit_exceeded")
+            yield _sse(error_body(error.message, error.code, type_=error.type))
+            return
+        _observe(state, transcript, started)
+        yield _sse({"type": "transcript.text.done", "text": transcript.text})
+    finally:
+        task.cancel()  # the client went away: stop decoding its windows
+
+
+def _sse(event: dict) -> str:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def _read_form(request: Request, max_bytes: int) -> FormData:
+    """The multipart form, its file spooled to a temporary file; 413 as soon as the body passes
+    `max_bytes` (declared or counted)."""
+    too_large = ApiError(413, f"the upload is larger than the {max_bytes / 2**20:g} MB limit", "file_too_large",
+                         param="file")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes + MAX_FIELD_BYTES:
+        raise too_large
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "send the audio as multipart/form-data with a `file` field", "invalid_request")
+    received = 0
+
+    async def receive():
+        nonlocal received
+        message = await request.receive()
+        received += len(message.get("body", b""))
+        if received > max_bytes + MAX_FIELD_BYTES:  # the form fields ride along with the file
+            raise too_large
+        return message
+
+    try:
+        return await Request(request.scope, receive).form(max_files=1, max_fields=32, max_part_size=MAX_FIELD_BYTES)
+    except HTTPException as e:  # Starlette's multipart errors
+        raise ApiError(400, f"malformed multipart body: {e.detail}", "invalid_request") from None
+
+
+def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
+    def text(name: str, default: str | None = None) -> str | None:
+        value = form.get(name)
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return default
+        if not isinstance(value, str):
+            raise ApiError(400, f"`{name}` must be a text field, not a file", "invalid_value", param=name)
+        return value.strip()
+
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise ApiError(400, "`file` is required: the audio file to transcribe", "missing_file", param="file")
+    tok = engine.tokenizer
+    served = _served_names(engine)
+    model = text("model", engine.loaded.name)
+    if model not in served:
+        raise ApiError(400, f"model {model!r} is not served here; use one of: {', '.join(served)}",
+                       "model_not_found", param="model")
+    if task == "translate" and not tok.multilingual:
+        raise ApiError(400, f"model {engine.loaded.name!r} is English-only and cannot translate; "
+                            "serve a multilingual model (e.g. `base`) for translations", "unsupported_task", param="model")
+    response_format = text("response_format", "json")
+    if response_format not in FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}, not {response_format!r}",
+                       "invalid_value", param="response_format")
+    mode = text("mode", default_mode)
+    if mode not in MODES:
+        raise ApiError(400, f"mode must be one of {', '.join(MODES)}, not {mode!r}", "invalid_value", param="mode")
+    granularities = [g.strip() for key in ("timestamp_granularities[]", "timestamp_granularities")
+                     for g in form.getlist(key) if isinstance(g, str) and g.strip()]
+    bad = [g for g in granularities if g not in GRANULARITIES]
+    if bad:
+        raise ApiError(400, f"timestamp_granularities must be among {', '.join(GRANULARITIES)}, not {bad[0]!r}",
+                       "invalid_value", param="timestamp_granularities")
+    if granularities and response_format != "verbose_json":
+        raise ApiError(400, "timestamp_granularities needs response_format=verbose_json", "invalid_value",
+                       param="timestamp_granularities")
+    stream = (text("stream", "false") or "false").lower()
+    if stream not in ("true", "false"):
+        raise ApiError(400, f"stream must be true or false, not {stream!r}", "invalid_value", param="stream")
+    options = DecodeOptions(task=task, language=_language(text("language"), tok), prompt=text("prompt"),
+                            temperatures=_temperatures(text("temperature")))
+    return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
+                       segments=not granularities or "segment" in granularities, words="word" in granularities,
+                       stream=stream == "true")
+
+
+def _language(language: str | None, tok) -> str | None:
+    if language is None:
+        return None
+    if not tok.multilingual:
+        if language.lower() not in ("en", "english"):
+            raise ApiError(400, f"this model is English-only; language {language!r} is not available",
+                           "invalid_value", param="language")
+        return "en"
+    try:
+        tok.language_token(language)
+    except ValueError as e:
+        raise ApiError(400, str(e), "invalid_value", param="language") from None
+    return TO_LANGUAGE_CODE.get(language.lower(), language.lower())
+
+
+def _temperatures(value: str | None) -> tuple[float, ...]:
+    """OpenAI's rule: 0 (the default) lets the server raise the temperature when a decode fails."""
+    if value is None:
+        return DEFAULT_TEMPERATURES
+    try:
+        t = float(value)
+    except ValueError:
+        raise ApiError(400, f"temperature must be a number, not {value!r}", "invalid_value", param="temperature") from None
+    if not 0.0 <= t <= 1.0:
+        raise ApiError(400, f"temperature must be between 0 and 1, not {t:g}", "invalid_value", param="temperature")
+    if t == 0.0:
+        return DEFAULT_TEMPERATURES
+    steps = int((1.0 - t) / TEMPERATURE_STEP + 1e-6)
+    return tuple(round(t + i * TEMPERATURE_STEP, 6) for i in range(steps + 1))
+
+
+def _decode(upload: UploadFile, max_seconds: float, max_bytes: int):
+    """Samples of the upload (worker thread); 413 over the duration limit, 415 when not audio."""
+    try:
+        return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload")
+    except AudioDecodeError as e:
+        # decode_audio words every limit as "... longer/larger than the ... limit".
+        if e.reason.endswith(" limit"):
+            raise ApiError(413, str(e), "audio_too_long", param="file") from None
+        raise ApiError(415, str(e), "unsupported_media", param="file") from None
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+def _engine(request: Request):
+    state = request.app.state.streamer
+    if state.shutting_down:
+        raise _shutting_down()
+    if state.engine is None:
+        raise ApiError(503, "the model is still loading; try again shortly", "model_loading", type_="server_error")
+    return state.engine
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", "shutting_down", type_="server_error")
+
+
+def _served_names(engine) -> list[str]:
+    return [engine.loaded.name, WHISPER_ALIAS]
+
+
+def _model_card(name: str) -> dict:
+    return {"id": name, "object": "model", "created": CREATED, "owned_by": "streamer"}
+
+
+def _refuse(request: Request, error: ApiError) -> JSONResponse:
+    metrics = getattr(request.app.state.streamer, "metrics", None)
+    errors = getattr(metrics, "errors", None)
+    if errors is not None:
+        errors.labels(error.code).inc()
+    return error.response()
+
+
+def _observe(state, transcript: Transcript, started: float) -> None:
+    observe = getattr(getattr(state, "metrics", None), "observe_file", None)
+    if observe is not None:
+        observe(transcript.duration, time.monotonic() - started)

@@ -1,0 +1,323 @@
+"""`/v1/realtime` with the official `openai` SDK (GA and beta clients) and raw WebSocket clients.
+
+The SDK clients stream real recordings as base64 24-kHz PCM16 in 40-ms events, paced at twice
+real time (the server's cutting depends on stream time only, not on arrival times, so the
+items and texts are the ones of real-time pacing; partial decodes get fewer chances).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import av
+import jiwer
+import numpy as np
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from streamer.audio.decode import decode_audio
+from streamer.config import load_settings
+from streamer.engine.engine import Engine
+from streamer.engine.request import DecodeOptions, Priority
+from streamer.server.app import create_app, running
+
+RATE = 24000
+CHUNK_S = 0.04
+PACE = 2.0
+GAP_S = 1.0
+TAIL_S = 1.5
+"""Silence after the last prompt, so that server VAD ends the last item."""
+DELTA = "conversation.item.input_audio_transcription.delta"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+
+normalize = EnglishTextNormalizer()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+def pcm24k(audio16k: np.ndarray) -> bytes:
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+    frame = av.AudioFrame.from_ndarray(audio16k[None, :].astype(np.float32), format="flt", layout="mono")
+    frame.sample_rate = 16000
+    frames = resampler.resample(frame) + resampler.resample(None)
+    return b"".join(f.to_ndarray().astype("<i2").tobytes() for f in frames)
+
+
+def silence(seconds: float) -> bytes:
+    return b"\x00\x00" * int(seconds * RATE)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    settings = load_settings({})
+    engine = Engine.load(settings.model, settings.engine)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def base(engine):
+    with running(create_app(load_settings({}), engine)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def prompts(manifest):
+    """Four groups of three English prompts: one recording per client."""
+    rows = [r for r in manifest if "/en/asterisk/" in r["audio"] and 3 <= r["duration"] <= 5][:12]
+    return [rows[i::4] for i in range(4)]
+
+
+def sdk(base: str) -> AsyncOpenAI:
+    return AsyncOpenAI(api_key="unused", base_url=base + "/v1", websocket_base_url=base.replace("http", "ws") + "/v1")
+
+
+async def send_paced(append, pcm: bytes) -> None:
+    chunk = int(CHUNK_S * RATE) * 2
+    for i in range(0, len(pcm), chunk):
+        await append(base64.b64encode(pcm[i:i + chunk]).decode())
+        await asyncio.sleep(CHUNK_S / PACE)
+
+
+async def collect(connection, sender: asyncio.Task) -> list[dict]:
+    """Events until the audio is sent and every started item is committed and completed."""
+    events: list[dict] = []
+    async for event in connection:
+        events.append(event.to_dict())
+        kinds = [e["type"] for e in events]
+        started = kinds.count("input_audio_buffer.speech_started")
+        if sender.done() and started and kinds.count("input_audio_buffer.committed") == started == kinds.count(COMPLETED):
+            return events
+    raise AssertionError(f"connection closed early: {events[-3:]}")
+
+
+async def ga_client(base: str, pcm: bytes) -> list[dict]:
+    async with sdk(base).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        created = (await connection.recv()).to_dict()
+        assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
+        await connection.session.update(session={
+            "type": "transcription",
+            "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": RATE},
+                "transcription": {"model": "whisper-1", "language": "en"},
+                "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                                   "silence_duration_ms": 500},
+            }},
+        })
+        updated = (await connection.recv()).to_dict()
+        assert updated["type"] == "session.updated"
+        turn = updated["session"]["audio"]["input"]["turn_detection"]
+        assert turn == {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+        sender = asyncio.ensure_future(send_paced(lambda a: connection.input_audio_buffer.append(audio=a), pcm))
+        return await asyncio.wait_for(collect(connection, sender), 300)
+
+
+def check_items(events: list[dict]) -> list[str]:
+    """Per item: speech_started, speech_stopped, committed, then one completed, in commit order,
+    with deltas; returns the transcripts."""
+    order: dict[str, list[str]] = {}
+    for e in events:
+        if "item_id" in e:
+            order.setdefault(e["item_id"], []).append(e["type"])
+    for item, kinds in order.items():
+        core = [k for k in kinds if k != DELTA]
+        assert core == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                        "input_audio_buffer.committed", COMPLETED], (item, kinds)
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    completed = [e for e in events if e["type"] == COMPLETED]
+    assert [e["item_id"] for e in completed] == committed
+    previous = [e["previous_item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert previous == [None] + committed[:-1]
+    for e in completed:
+        # Deltas never take text back; when the final revised stable text, `completed` holds the truth.
+        deltas = "".join(d["delta"] for d in events if d["type"] == DELTA and d["item_id"] == e["item_id"])
+        assert deltas or not e["transcript"], e
+        assert e["usage"]["type"] == "duration" and e["usage"]["seconds"] > 0
+    starts = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    assert starts == sorted(starts)
+    return [e["transcript"] for e in completed]
+
+
+def test_four_sdk_clients_match_offline(base, engine, prompts):
+    """Issue 4's acceptance: four official-SDK clients at once, each streaming its recording;
+    their completed transcripts are within 1 WER point of offline transcription."""
+    clips = [[decode_audio(r["audio"]) for r in group] for group in prompts]
+    recordings = [b"".join(pcm24k(c) + silence(GAP_S) for c in group) + silence(TAIL_S) for group in clips]
+
+    async def offline(group) -> str:
+        options = DecodeOptions(language="en", timestamps=True)
+        return " ".join([(await engine.transcribe(c, options, priority=Priority.FINAL)).text for c in group])
+
+    async def run():
+        return await asyncio.gather(*[ga_client(base, pcm) for pcm in recordings])
+
+    offline_texts = [asyncio.run(offline(group)) for group in clips]
+    results = asyncio.run(run())
+    references, streamed = [], []
+    for group, events, batch in zip(prompts, results, offline_texts):
+        transcripts = check_items(events)
+        assert len(transcripts) >= len(group)
+        reference = " ".join(r["text"] for r in group)
+        print(f"client: streamed {wer(reference, ' '.join(transcripts)):.3f} offline {wer(reference, batch):.3f}")
+        references.append(reference)
+        streamed.append(" ".join(transcripts))
+    total_streamed = wer(" ".join(references), " ".join(streamed))
+    total_offline = wer(" ".join(references), " ".join(offline_texts))
+    print(f"WER streamed {total_streamed:.3%}, offline {total_offline:.3%}")
+    assert total_streamed <= total_offline + 0.01
+
+
+def test_beta_sdk_client(base, prompts, manifest):
+    """The SDK's beta client (`OpenAI-Beta: realtime=v1`, `transcription_session.update`)."""
+    clip = decode_audio(prompts[0][0]["audio"])
+
+    async def run():
+        async with sdk(base).beta.realtime.connect(model="whisper-1") as connection:
+            created = await connection.recv()
+            assert created.type == "transcription_session.created"
+            await connection.transcription_session.update(session={
+                "input_audio_format": "pcm16",
+                "input_audio_transcription": {"model": "whisper-1", "language": "en"},
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 600},
+            })
+            updated = await connection.recv()
+            assert updated.type == "transcription_session.updated"
+            assert updated.session.turn_detection.silence_duration_ms == 600
+            pcm = pcm24k(clip) + silence(TAIL_S)
+            sender = asyncio.ensure_future(send_paced(lambda a: connection.input_audio_buffer.append(audio=a), pcm))
+            return await asyncio.wait_for(collect(connection, sender), 120)
+
+    transcripts = check_items(asyncio.run(run()))
+    assert wer(prompts[0][0]["text"], " ".join(transcripts)) < 0.2
+
+
+async def raw(base: str):
+    ws = await websockets.connect(base.replace("http", "ws") + "/v1/realtime?intent=transcription&model=whisper-1")
+    assert json.loads(await ws.recv())["type"] == "session.created"
+    return ws
+
+
+async def next_event(ws, skip=()) -> dict:
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        if event["type"] not in skip:
+            return event
+
+
+def test_manual_commits_and_clear(base, prompts):
+    """turn_detection null: the client cuts items with commit; clear drops what was appended."""
+    first, second, third = (decode_audio(r["audio"]) for r in prompts[1])
+
+    async def run():
+        ws = await raw(base)
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))
+        updated = await next_event(ws)
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c0"}))
+        empty = await next_event(ws)
+        assert empty["error"]["code"] == "input_audio_buffer_commit_empty" and empty["error"]["event_id"] == "c0"
+        items, transcripts = [], []
+        for clip, keep in ((first, True), (second, False), (third, True)):
+            pcm = pcm24k(clip)
+            for i in range(0, len(pcm), 48000):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + 48000]).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit" if keep else "input_audio_buffer.clear"}))
+            if not keep:
+                assert (await next_event(ws))["type"] == "input_audio_buffer.cleared"
+                continue
+            committed = await next_event(ws)
+            assert committed["type"] == "input_audio_buffer.committed"
+            assert committed["previous_item_id"] == (items[-1] if items else None)
+            items.append(committed["item_id"])
+            delta, completed = await next_event(ws), await next_event(ws)
+            assert delta["type"] == DELTA and completed["type"] == COMPLETED
+            assert delta["delta"] == completed["transcript"] and completed["item_id"] == committed["item_id"]
+            assert completed["usage"]["seconds"] == pytest.approx(len(clip) / 16000, abs=0.1)
+            transcripts.append(completed["transcript"])
+        await ws.close()
+        return transcripts
+
+    one, three = asyncio.run(run())
+    assert wer(prompts[1][0]["text"], one) < 0.2
+    assert wer(prompts[1][2]["text"], three) < 0.2  # nothing of the cleared prompt
+
+
+def test_errors_keep_the_session(base):
+    bad = [
+        ("{oops", "invalid_json", None),
+        (json.dumps({"type": "response.create", "event_id": "e1"}), "unknown_event", None),
+        (json.dumps({"type": "session.update", "session": {"type": "realtime"}}), "unsupported_session_type", "session.type"),
+        (json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "semantic_vad"}}}}}), "invalid_value", "session.audio.input.turn_detection.type"),
+        (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
+         "invalid_value", "session.audio.input.format.type"),
+        (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 1000}}}}}),
+         "invalid_value", "session.audio.input.format.rate"),
+        (json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"threshold": 2}}}}}),
+         "invalid_value", "session.audio.input.turn_detection.threshold"),
+        (json.dumps({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": "de"}}}}}),
+         "invalid_value", "session.audio.input.transcription.language"),
+        (json.dumps({"type": "transcription_session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+         "invalid_value", "session.input_audio_format"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": "not base64!"}), "invalid_audio", "audio"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}), "invalid_audio", "audio"),
+        (json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty", "input_audio_buffer"),
+    ]
+
+    async def run():
+        ws = await raw(base)
+        for message, code, param in bad:
+            await ws.send(message)
+            event = await next_event(ws)
+            assert event["type"] == "error" and event["error"]["code"] == code, (message, event)
+            assert event["error"]["param"] == param and event["event_id"].startswith("event_")
+            if "e1" in message:
+                assert event["error"]["event_id"] == "e1"
+        # A rejected update changed nothing; a good one still works.
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "transcription": {"language": "en"}}}}}))
+        updated = await next_event(ws)
+        assert updated["type"] == "session.updated"
+        audio_in = updated["session"]["audio"]["input"]
+        assert audio_in["format"]["rate"] == 16000 and audio_in["transcription"]["language"] == "en"
+        assert audio_in["turn_detection"]["type"] == "server_vad" and audio_in["turn_detection"]["threshold"] == 0.5
+        await ws.close()
+
+    asyncio.run(run())
+
+
+def test_deltas_while_speaking(base, jfk_path):
+    """Stable partial text arrives as deltas before the item is committed; at real-time pace,
+    with a 2-s silence threshold that keeps the speech one item."""
+    pcm = pcm24k(decode_audio(jfk_path)) + silence(2.5)
+
+    async def run():
+        async with sdk(base).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            await connection.recv()
+            await connection.session.update(session={"type": "transcription", "audio": {"input": {
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}})
+            await connection.recv()
+            chunk = int(CHUNK_S * RATE) * 2
+
+            async def send():
+                for i in range(0, len(pcm), chunk):
+                    await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + chunk]).decode())
+                    await asyncio.sleep(CHUNK_S)
+
+            return await asyncio.wait_for(collect(connection, asyncio.ensure_future(send())), 120)
+
+    events = asyncio.run(run())
+    transcripts = check_items(events)
+    kinds = [e["type"] for e in events]
+    early = [e["delta"] for e in events[:kinds.index("input_audio_buffer.committed")] if e["type"] == DELTA]
+    assert early, "no delta while the person spoke"
+    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country.",
+               transcripts[0]) < 0.15

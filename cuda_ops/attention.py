@@ -25,8 +25,8 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn: amax maps onto it, so no value 
 
 # Tuning, measured on an H200 with large-v3 shapes (H=20, D=64) under CUDA-graph replay;
 # docs/kernels-attention-mel.md has the tables.
-BLOCK_T = 128  # positions per tile; beat 32 and 64 at every batch for fp16, tied for fp8
-NUM_WARPS = 4  # 8 warps was 10-25% slower: more threads, same bytes in flight per program
+BLOCK_T = 128  # best for fp16 at every batch and fp8 at B >= 128; 64 was 7-10% faster for fp8 at B = 8-32
+NUM_WARPS = 4  # 8 warps was 10-35% slower
 NUM_STAGES = 2  # 2 and 3 measured the same
 WAVES = 2  # split until B*H*splits reaches WAVES x SMs programs (B=1: 12 splits of T=1500, B=8: 2)
 MAX_SPLITS = 32  # bounds pass 2's tile (splits x D floats in one warp) for very long T
@@ -223,7 +223,7 @@ def _decode_partial_kernel(
         slot = b.to(tl.int64)
 
     # HEAD_DIM is exact (a power of two), so no load is masked along it: a mask that varies along
-    # the contiguous axis stops vector loads (fp8 K/V then ran 1.5x slower).
+    # the contiguous axis stops vector loads (the fp8 path was 10% slower with one).
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d * stride_qd).to(tl.float32)
     scale = qk_scale

@@ -237,6 +237,9 @@ def test_api_key(engine):
             assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized", path
             assert http(url + path, {"Authorization": "Bearer s3cret"})[0] == 200
         assert http(url + "/v1/webrtc/config?api_key=s3cret")[0] == 200
+        status, body, _ = http(url + "/v1/models?api_key=s3cret")  # the file endpoints' routes are mounted
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny.en"
+        assert http(url + "/v1/models")[0] == 401
 
 
 def test_idle_timeout_and_stop_before_start(engine):

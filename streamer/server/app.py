@@ -31,7 +31,7 @@ from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
-from streamer.server import realtime, webrtc
+from streamer.server import files, realtime, webrtc
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.state import ServerState
@@ -61,14 +61,6 @@ async def health(request: Request) -> JSONResponse:
 
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.streamer.metrics.render(), media_type=CONTENT_TYPE)
-
-
-def _file_routes():  # TEMPORARY until files.py lands
-    try:
-        from streamer.server.files import routes
-    except ImportError:
-        return []
-    return routes
 
 
 async def warm_up(engine: Engine) -> None:
@@ -104,7 +96,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         WebSocketRoute("/v1/stream", stream_endpoint),
         WebSocketRoute("/v1/realtime", realtime.realtime_endpoint),
         *webrtc.routes,
-        *_file_routes(),
+        *files.routes,
         Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"),
     ]
     refused = lambda: metrics_.errors.labels("unauthorized").inc()  # noqa: E731

@@ -87,13 +87,14 @@ def encoder_flops(d) -> float:
     return conv + d.n_audio_layer * per_layer
 
 
-def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int | None, ceil: dict) -> list[dict]:
+def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int | None, ceil: dict,
+               precision: str | None = None) -> list[dict]:
     from streamer.config import EngineConfig
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
 
-    engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=16))
-    engine.runner.warmup()
+    engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=16), precision=precision)
+    label = f"ours {precision or 'plain'}"
     loop = asyncio.new_event_loop()
     options = DecodeOptions(language="en", temperatures=(0.0,), max_new_tokens=tokens)
     rows = []
@@ -109,7 +110,7 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
         results = loop.run_until_complete(run())
         wall = time.perf_counter() - t0
         n_tok = sum(len(r.tokens) + 1 for r in results)
-        rows.append({"system": "ours", "windows": n, "wall_s": wall, "rtf": sum(len(a) for a in clips) / 16000 / wall,
+        rows.append({"system": label, "windows": n, "wall_s": wall, "rtf": sum(len(a) for a in clips) / 16000 / wall,
                      "tokens_per_s": n_tok / wall, "texts": [r.text for r in results]})
     # Decoder step alone (graph replay) and encoder throughput.
     runner = engine.runner
@@ -190,6 +191,7 @@ def main() -> None:
     p.add_argument("--real", action="append", default=[], help="NAME=DIR: real weights on real audio")
     p.add_argument("--hf-batches", default="1,8,32,128")
     p.add_argument("--out", default="bench_engine.json")
+    p.add_argument("--precisions", default="none", help="comma list: none (plain PyTorch), full_fp16, mixed_fp8, aggressive_fp8")
     args = p.parse_args()
 
     batches = [int(x) for x in args.batches.split(",")]
@@ -214,33 +216,46 @@ def main() -> None:
 
     from streamer.engine.runner import Runner  # noqa: F401  (fail early if the package is broken)
 
-    for shape in [s for s in args.shapes.split(",") if s]:
-        loaded = random_model(shape, args.tokenizer)
-        rows, enc = bench_ours(loaded, [window], batches, args.tokens, ceil)
-        for r in rows:
-            r.pop("texts")
-        hf_rows = bench_transformers(loaded, [window], hf_batches, args.tokens)
-        for r in hf_rows:
-            r.pop("texts", None)
-        record(f"{shape} (random fp16 weights, {args.tokens} forced tokens: speed only)", rows, enc, hf_rows)
-        del loaded
-        gc.collect()
-        torch.cuda.empty_cache()
+    precisions = [None if p == "none" else p for p in args.precisions.split(",")]
+
+    def each_precision(make, audios, run_batches, tokens, label, transcripts=None):
+        hf_rows = bench_transformers(make(), audios, [b for b in hf_batches if b <= max(run_batches)], tokens)
+        if transcripts is not None:
+            transcripts["transformers"] = hf_rows[-1].get("texts", [])[: len(names)]
+        for precision in precisions:
+            try:
+                rows, enc = bench_ours(make(), audios, run_batches, tokens, ceil, precision)
+            except Exception as e:  # one preset failing must not lose the others' numbers
+                import traceback
+
+                traceback.print_exc()
+                report.setdefault("errors", []).append(f"{label} {precision}: {e!r}")
+                continue
+            if transcripts is not None:
+                transcripts[precision or "plain"] = rows[-1]["texts"][: len(names)]
+            for r in rows:
+                r.pop("texts", None)
+            record(f"{label}, precision {precision or 'plain'}", rows, enc, [dict(h, texts=None) for h in hf_rows])
+            gc.collect()
+            torch.cuda.empty_cache()
 
     from streamer.model.weights import load_model
 
     for spec in args.real:
         name, path = spec.split("=", 1)
-        loaded = load_model(path, "cuda", torch.float16)
-        loaded.name = name
-        real_batches = [b for b in batches if b <= 128]
-        rows, enc = bench_ours(loaded, clips, real_batches, None, ceil)
-        hf_rows = bench_transformers(loaded, clips, [b for b in hf_batches if b <= 128], None)
-        report.setdefault("transcripts", {})[name] = {"files": names, "ours": rows[-1]["texts"][: len(names)],
-                                                       "transformers": hf_rows[-1].get("texts", [])[: len(names)]}
-        for r in rows + hf_rows:
-            r.pop("texts", None)
-        record(f"{name} (real weights, real audio)", rows, enc, hf_rows)
+
+        def make():
+            loaded = load_model(path, "cuda", torch.float16)
+            loaded.name = name
+            return loaded
+
+        transcripts = report.setdefault("transcripts", {}).setdefault(name, {"files": names})
+        each_precision(make, clips, [b for b in batches if b <= 128], None, f"{name} (real weights, real audio)", transcripts)
+
+    for shape in [s for s in args.shapes.split(",") if s]:
+        each_precision(lambda: random_model(shape, args.tokenizer), [window], batches, args.tokens,
+                       f"{shape} (random fp16 weights, {args.tokens} forced tokens: speed only)")
+
     print(json.dumps({"done": True}))
 
 

@@ -15,7 +15,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 AUDIO_DIR = Path(os.environ.get("STREAMER_AUDIO_DIR", ROOT.parent / "shared" / "audio"))
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", ROOT / "benchmarks" / "results"))
 
 
 def manifest(language: str | None = None, folder: str = "asterisk/") -> list[dict]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: engine benchmark on the GPU (large-v3 / turbo shapes, real tiny.en weights).
+# One device call: engine benchmark on the GPU for each precision preset (real tiny.en weights on
+# real audio first, then the large-v3 shape with random weights), against stock transformers.
 # Needs in .carry/: clips.npz, tokenizer_multilingual.json, tiny_b/ (config, tokenizer, model.bin.part2);
 # model.bin.part1 was copied to /tmp/tiny_a by the previous call.
 set -uo pipefail
@@ -9,6 +10,7 @@ cat /tmp/tiny_a/model.bin.part1 .carry/tiny_b/model.bin.part2 > /tmp/tiny/model.
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 cd benchmarks
-timeout 520 python3 bench_engine.py --tokenizer ../.carry/tokenizer_multilingual.json --audio ../.carry/clips.npz \
-  --real tiny.en=/tmp/tiny --out bench_engine_h200.json 2>&1 | tee "$OUT/bench_engine.log"
-cp results/bench_engine_h200.json "$OUT/" 2>/dev/null
+BENCH_RESULTS_DIR="$OUT" timeout ${BENCH_TIMEOUT:-420} python3 bench_engine.py --tokenizer ../.carry/tokenizer_multilingual.json \
+  --audio ../.carry/clips.npz --real tiny.en=/tmp/tiny --shapes ${SHAPES:-large-v3} --batches ${BATCHES:-1,32,128} \
+  --hf-batches 1,32,128 --precisions ${PRECISIONS:-none,full_fp16,mixed_fp8,aggressive_fp8} \
+  --out bench_engine_presets_h200.json 2>&1 | grep -v "seem to have been set" | tee "$OUT/bench_engine.log"

@@ -108,13 +108,24 @@ class EngineMetrics:
 class Engine:
     """One model on one device, shared by every session and upload of the process."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(), precision: str | None = None):
+        """`precision`: a `cuda_ops` preset (kernels + FP8 sites) applied to the model; None keeps
+        the plain PyTorch model."""
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config
+        self.precision = precision
+        cross_fp8 = False
+        if precision is not None:
+            from cuda_ops.precision import get_preset
+            from streamer.model.fused import apply_precision
+
+            preset = get_preset(precision)
+            apply_precision(loaded.model, preset)
+            cross_fp8 = preset.cross_kv_cache == "fp8"
         device = next(loaded.model.parameters()).device
-        slots, enc_batch = self._limits(loaded, config, device)
-        self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs)
+        slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
+        self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8)
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
         self.metrics_data = EngineMetrics()
@@ -131,10 +142,12 @@ class Engine:
         if device.type == "cuda" and config.vram_limit_gb:
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, config.vram_limit_gb * 2**30 / total), device)
-        return cls(load_model(model.model, device, dtype), config)
+        # Our kernels and FP8 sites need CUDA (and fp16/bf16); the CPU runs the plain model.
+        precision = model.precision if device.type == "cuda" and dtype != torch.float32 else None
+        return cls(load_model(model.model, device, dtype), config, precision)
 
     @staticmethod
-    def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device) -> tuple[int, int]:
+    def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_fp8: bool) -> tuple[int, int]:
         """Decoder slots and encoder batch: given, or sized from the device's memory budget."""
         if device.type != "cuda":
             return config.max_slots or 16, config.max_encoder_batch or 4
@@ -146,7 +159,7 @@ class Engine:
         per_window = 8 * d.n_audio_ctx * 4 * d.n_audio_state * itemsize
         enc_batch = config.max_encoder_batch or 16
         usable = 0.85 * budget - enc_batch * per_window - 2 * 2**30  # graphs, logits, allocator slack
-        slots = config.max_slots or int(max(1, min(512, usable // KVCache.bytes_per_slot(d, itemsize))))
+        slots = config.max_slots or int(max(1, min(512, usable // KVCache.bytes_per_slot(d, itemsize, cross_fp8))))
         return slots, enc_batch
 
     # --- lifecycle ----------------------------------------------------------------------------------

@@ -53,7 +53,8 @@ class StepResult:
 
 
 class Runner:
-    def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True):
+    def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
+                 cross_fp8: bool = False):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -62,7 +63,7 @@ class Runner:
         self.device, self.dtype = p.device, p.dtype
         self.n_slots = n_slots
         self.max_new_tokens = max_new_tokens
-        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype)
+        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_fp8=cross_fp8)
         self.state = SamplerState.allocate(n_slots, self.device)
         self.rules = LogitRules(self.tok, self.dims.n_vocab, loaded.suppress_tokens, loaded.begin_suppress_tokens, self.device)
         self.tokens_in = torch.zeros(n_slots, dtype=torch.long, device=self.device)

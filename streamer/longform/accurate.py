@@ -120,8 +120,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         if on_progress is not None:
             on_progress(min(1.0, seek / n))
 
+    if on_progress is not None and seek < n:  # the rest holds no speech
+        on_progress(1.0)
     if word_timestamps:
         await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
-    if on_progress is not None and not windows:
-        on_progress(1.0)
     return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)

@@ -96,8 +96,8 @@ async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOpti
 
     if language is None:
         language = next((r.language for r in results if r is not None and r.language), None)
-    if word_timestamps:
-        await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
     if on_progress is not None and not windows:
         on_progress(1.0)
+    if word_timestamps:
+        await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
     return join(windows, language=language, duration=len(audio) / SAMPLE_RATE, task=options.task)

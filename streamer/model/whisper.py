@@ -55,9 +55,14 @@ class EncoderBlock(nn.Module):
         self.mlp_ln = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
+        self.fused = False  # set by streamer.model.fused.apply_precision (CUDA kernels, FP8 sites)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [B, T, D]
+        if self.fused:
+            from streamer.model.fused import encoder_block
+
+            return encoder_block(self, x)
         q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         a = F.scaled_dot_product_attention(*(_split_heads(t, self.n_head) for t in (q, k, v)))
         x = x + self.attn_out(_merge_heads(a))
@@ -90,22 +95,33 @@ class KVCache(nn.Module):
     Buffers are [slots, heads, positions, head_dim] per layer, allocated once.
     """
 
-    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None):
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_fp8: bool = False):
         super().__init__()
         h, dh = dims.n_text_head, dims.head_dim
         self.n_slots = n_slots
+        self.cross_fp8 = cross_fp8
 
-        def make(t):
+        def make(t, dtype=dtype):
             return torch.zeros(n_slots, h, t, dh, device=device, dtype=dtype)
 
+        # FP8 cross K/V (e4m3, one scale per slot and head) halve the largest read of a decode step.
+        cross_dtype = torch.float8_e4m3fn if cross_fp8 else dtype
         self.self_k = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
         self.self_v = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
-        self.cross_k = [make(dims.n_audio_ctx) for _ in range(dims.n_text_layer)]
-        self.cross_v = [make(dims.n_audio_ctx) for _ in range(dims.n_text_layer)]
+        self.cross_k = [make(dims.n_audio_ctx, cross_dtype) for _ in range(dims.n_text_layer)]
+        self.cross_v = [make(dims.n_audio_ctx, cross_dtype) for _ in range(dims.n_text_layer)]
+        ones = [torch.ones(n_slots, h, device=device) for _ in range(2 * dims.n_text_layer)] if cross_fp8 else []
+        self.cross_k_scale, self.cross_v_scale = ones[::2], ones[1::2]
+
+    def cross(self, layer: int, s: slice) -> tuple:
+        """(k, v, k_scale, v_scale) of slots `s` in `layer`; scales are None for fp16/fp32 K/V."""
+        if self.cross_fp8:
+            return self.cross_k[layer][s], self.cross_v[layer][s], self.cross_k_scale[layer][s], self.cross_v_scale[layer][s]
+        return self.cross_k[layer][s], self.cross_v[layer][s], None, None
 
     def move(self, src: int, dst: int) -> None:
         """Copy slot `src` into slot `dst` (compaction when a sequence leaves)."""
-        for buffers in (self.self_k, self.self_v, self.cross_k, self.cross_v):
+        for buffers in (self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_k_scale, self.cross_v_scale):
             for b in buffers:
                 b[dst].copy_(b[src])
 
@@ -116,9 +132,10 @@ class KVCache(nn.Module):
                 b[dst] = b[src]
 
     @staticmethod
-    def bytes_per_slot(dims: ModelDims, itemsize: int) -> int:
-        per_layer = 2 * dims.n_text_head * dims.head_dim * (dims.n_text_ctx + dims.n_audio_ctx)
-        return per_layer * dims.n_text_layer * itemsize
+    def bytes_per_slot(dims: ModelDims, itemsize: int, cross_fp8: bool = False) -> int:
+        width = 2 * dims.n_text_head * dims.head_dim
+        per_layer = width * dims.n_text_ctx * itemsize + width * dims.n_audio_ctx * (1 if cross_fp8 else itemsize)
+        return per_layer * dims.n_text_layer
 
 
 class DecoderBlock(nn.Module):
@@ -135,12 +152,19 @@ class DecoderBlock(nn.Module):
         self.mlp_ln = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
+        self.fused = False  # set by streamer.model.fused.apply_precision (CUDA kernels, FP8 sites)
 
     def forward(self, x: Tensor, index: tuple[Tensor, Tensor], mask: Tensor, self_k: Tensor, self_v: Tensor,
-                cross_k: Tensor, cross_v: Tensor) -> Tensor:
+                cross: tuple) -> Tensor:
         # x: [B, T, D]; index: (row [B, T], position [B, T]) where the new K/V go;
         # mask: [B, 1, T, n_text_ctx] True where attending is allowed;
-        # self_k/v, cross_k/v: this batch's slots, [B, H, n_text_ctx | 1500, Dh] views of the cache.
+        # self_k/v: this batch's slots, [B, H, n_text_ctx, Dh] views of the cache;
+        # cross: (k, v, k_scale, v_scale) of this batch's slots, [B, H, 1500, Dh] (+ [B, H] FP8 scales).
+        if self.fused:
+            from streamer.model.fused import decoder_block
+
+            return decoder_block(self, x, index, mask, self_k, self_v, cross)
+        cross_k, cross_v, _, _ = cross
         q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.n_head) for t in (q, k, v))
         rows, positions = index
@@ -167,10 +191,16 @@ class TextDecoder(nn.Module):
     def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
         b = audio_features.shape[0]
+        s = slice(start, start + b)
         for i, block in enumerate(self.blocks):
-            k, v = block.cross_kv(audio_features).chunk(2, dim=-1)
-            cache.cross_k[i][start:start + b] = _split_heads(k, block.n_head)
-            cache.cross_v[i][start:start + b] = _split_heads(v, block.n_head)
+            k, v = (_split_heads(t, block.n_head) for t in block.cross_kv(audio_features).chunk(2, dim=-1))
+            if cache.cross_fp8:
+                from cuda_ops.attention import quantize_kv
+
+                (cache.cross_k[i][s], cache.cross_k_scale[i][s]), (cache.cross_v[i][s], cache.cross_v_scale[i][s]) = \
+                    quantize_kv(k), quantize_kv(v)
+            else:
+                cache.cross_k[i][s], cache.cross_v[i][s] = k, v
 
     def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache, kv_len: int | None = None) -> Tensor:
         """Hidden states [B, T, D] of `tokens` [B, T] at `positions` [B, T] in slots [start, start + B).
@@ -189,7 +219,7 @@ class TextDecoder(nn.Module):
         s = slice(start, start + b)
         for i, block in enumerate(self.blocks):
             x = block(x, (rows, positions), mask, cache.self_k[i][s, :, :kv_len], cache.self_v[i][s, :, :kv_len],
-                      cache.cross_k[i][s], cache.cross_v[i][s])
+                      cache.cross(i, s))
         return x
 
     def logits(self, hidden: Tensor) -> Tensor:

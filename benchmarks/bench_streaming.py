@@ -1,0 +1,302 @@
+"""Load test of live streaming: N concurrent `/v1/stream` clients send real recordings at real-time pace.
+
+Each client streams its own recording (English prompts of ../shared/audio joined with 1-s pauses,
+about `--seconds` long) as 32-ms frames of 16-kHz PCM and measures, on its side:
+
+- time to first partial: from sending the audio where speech began (`speech_started.t`) to
+  receiving the utterance's first `partial`;
+- finalisation latency: from sending the audio where speech ended (`speech_stopped.t`) to
+  receiving the `final` (it includes the VAD's 500 ms of silence); and the decode part alone,
+  from receiving `speech_stopped` to receiving the `final`;
+- WER of the finals against the prompts' published texts (Whisper's English normaliser);
+- partial churn: the fraction of words shown in partials that the final did not keep (words past
+  the longest common prefix with the final), and the same for the `stable` prefixes alone.
+
+The sweep doubles N from 1 until p95 finalisation exceeds `--target` (or `--max-clients`); the
+highest N that held is reported.
+
+    python benchmarks/bench_streaming.py --spawn                 # start a local server (tiny.en)
+    python benchmarks/bench_streaming.py --url ws://host:8000 --clients 1,2,4,8,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, concat, environment, manifest, table, wer, write_json  # noqa: E402
+
+RATE = 16000
+FRAME_S = 0.032
+"""What the demo page sends: 512 samples."""
+GAP_S = 1.0
+"""Pause between prompts: longer than the VAD's 500 ms, so each prompt ends an utterance."""
+GIVE_UP = 5.0
+"""The sweep stops once p95 finalisation passes this multiple of the target."""
+STAGGER_S = 2.0
+"""Clients start at random moments within this window, as real users do."""
+
+
+@dataclass
+class Recording:
+    name: str
+    pcm: bytes
+    """16-kHz mono pcm_s16le."""
+    reference: str
+
+
+@dataclass
+class ClientResult:
+    first_partial_s: list[float] = field(default_factory=list)
+    final_s: list[float] = field(default_factory=list)
+    decode_s: list[float] = field(default_factory=list)
+    server_latency_s: list[float] = field(default_factory=list)
+    finals: list[str] = field(default_factory=list)
+    partial_words: int = 0
+    partial_changed: int = 0
+    stable_words: int = 0
+    stable_changed: int = 0
+    error: str | None = None
+
+
+def recordings(n: int, seconds: float, language: str = "en") -> list[Recording]:
+    """`n` different recordings of about `seconds` each, rotating through the prompts."""
+    rows = [r for r in manifest(language) if r["duration"] >= 2.0]
+    texts = {r["path"]: r["text"] for r in rows}
+    out = []
+    per = max(1, int(seconds / (sum(r["duration"] for r in rows) / len(rows) + GAP_S)))
+    for i in range(n):
+        start = (i * per) % len(rows)
+        paths = [rows[(start + j) % len(rows)]["path"] for j in range(len(rows))]
+        audio, used = concat(paths, seconds, gap=GAP_S)
+        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+        out.append(Recording(f"client{i}", pcm, " ".join(texts[p] for p in used)))
+    return out
+
+
+def _words(text: str) -> list[str]:
+    from common import normalizer
+
+    return normalizer("en")(text).split()
+
+
+def _changed(shown: str, final: str) -> tuple[int, int]:
+    """(words shown, words the final did not keep): those past the common prefix."""
+    a, b = _words(shown), _words(final)
+    keep = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        keep += 1
+    return len(a), len(a) - keep
+
+
+async def stream_one(url: str, rec: Recording, pace: float, delay: float, start: dict) -> ClientResult:
+    """One client: stream `rec` at `pace` times real time after `delay` seconds, then stop."""
+    import websockets
+
+    await asyncio.sleep(delay)
+    result = ClientResult()
+    frame = int(FRAME_S * RATE) * 2
+    sent_at: list[float] = []
+    """Wall time at which each frame was sent."""
+    started: dict[int, float] = {}
+    stopped: dict[int, tuple[float, float]] = {}
+    partials: dict[int, list[dict]] = {}
+
+    def sent_time(t: float) -> float:
+        i = min(int(t * RATE * 2) // frame, len(sent_at) - 1)
+        return sent_at[max(i, 0)]
+
+    try:
+        async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", **start}))
+            ready = json.loads(await ws.recv())
+            if ready["type"] != "ready":
+                raise RuntimeError(f"refused: {ready}")
+
+            async def receive():
+                async for message in ws:
+                    now = time.monotonic()
+                    e = json.loads(message)
+                    uid = e.get("utterance_id")
+                    if e["type"] == "speech_started":
+                        started[uid] = e["t"]
+                    elif e["type"] == "partial":
+                        if uid not in partials and uid in started:
+                            result.first_partial_s.append(now - sent_time(started[uid]))
+                        partials.setdefault(uid, []).append(e)
+                    elif e["type"] == "speech_stopped":
+                        stopped[uid] = (e["t"], now)
+                    elif e["type"] == "final":
+                        result.finals.append(e["text"])
+                        result.server_latency_s.append(e["latency_ms"] / 1000)
+                        if uid in stopped:
+                            t, received = stopped[uid]
+                            result.final_s.append(now - sent_time(t))
+                            result.decode_s.append(now - received)
+                        for p in partials.pop(uid, []):
+                            n, changed = _changed(p["text"], e["text"])
+                            result.partial_words += n
+                            result.partial_changed += changed
+                            n, changed = _changed(p["stable"], e["text"])
+                            result.stable_words += n
+                            result.stable_changed += changed
+                    elif e["type"] == "error":
+                        raise RuntimeError(f"server error: {e}")
+
+            receiver = asyncio.ensure_future(receive())
+            t0 = time.monotonic()
+            for k, i in enumerate(range(0, len(rec.pcm), frame)):
+                # Sleep to the frame's due time (not by a fixed step), so that pacing does not drift.
+                await asyncio.sleep(max(0.0, t0 + k * FRAME_S / pace - time.monotonic()))
+                sent_at.append(time.monotonic())
+                await ws.send(rec.pcm[i:i + frame])
+            await ws.send(json.dumps({"type": "stop"}))
+            await receiver
+    except Exception as e:  # a refused or broken client is a result, not a crash of the run
+        result.error = f"{type(e).__name__}: {e}"
+    return result
+
+
+async def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0, *,
+                   start: dict | None = None, seed: int = 0) -> dict:
+    """N clients at once, each streaming one of `files` (round robin); the summary of the run."""
+    rng = random.Random(seed)
+    start = {"language": "en"} if start is None else start
+    recs = [files[i % len(files)] for i in range(n_clients)]
+    t0 = time.monotonic()
+    results = await asyncio.gather(*(stream_one(url, r, pace, rng.uniform(0, STAGGER_S), start) for r in recs))
+    wall = time.monotonic() - t0
+    ok = [(r, rec) for r, rec in zip(results, recs) if r.error is None]
+
+    def pct(values: list[float], q: float) -> float | None:
+        return float(np.percentile(values, q)) if values else None
+
+    def gather(name: str) -> list[float]:
+        return [v for r, _ in ok for v in getattr(r, name)]
+
+    summary = {"clients": n_clients, "failed": n_clients - len(ok), "wall_s": wall,
+               "errors": sorted({r.error for r in results if r.error})[:5]}
+    for name, key in (("first_partial_s", "ttfp"), ("final_s", "final"), ("decode_s", "decode"),
+                      ("server_latency_s", "server_final")):
+        values = gather(name)
+        for q in (50, 95, 99):
+            summary[f"{key}_p{q}"] = pct(values, q)
+        summary[f"{key}_n"] = len(values)
+    summary["wer"] = wer([rec.reference for _, rec in ok], [" ".join(r.finals) for r, _ in ok], "en") if ok else None
+    words = sum(r.partial_words for r, _ in ok)
+    stable = sum(r.stable_words for r, _ in ok)
+    summary["partial_churn"] = sum(r.partial_changed for r, _ in ok) / words if words else None
+    summary["stable_churn"] = sum(r.stable_changed for r, _ in ok) / stable if stable else None
+    return summary
+
+
+def _health(http_url: str) -> dict | None:
+    with contextlib.suppress(OSError, ValueError):
+        with urllib.request.urlopen(http_url + "/health", timeout=5) as response:
+            return json.loads(response.read())
+    return None
+
+
+@contextlib.contextmanager
+def spawned_server(model: str, device: str | None):
+    """`streamer serve` in a subprocess on a free port of 127.0.0.1; SIGTERM at the end."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("from streamer.config import load_settings; from streamer.server.app import serve; "
+            f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, server={{'port': {port}}}))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        http_url = f"http://127.0.0.1:{port}"
+        for _ in range(1200):
+            if proc.poll() is not None:
+                raise RuntimeError("the server exited during startup")
+            if (_health(http_url) or {}).get("status") == "ok":
+                break
+            time.sleep(0.25)
+        else:
+            raise RuntimeError("the server did not become healthy")
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50", "final_p95", "final_p99",
+           "decode_p50", "decode_p95", "wer", "partial_churn", "stable_churn"]
+
+
+def sweep(url: str, args) -> dict:
+    health = _health(url.replace("ws://", "http://").replace("wss://", "https://")) or {}
+    files = recordings(max(args.clients), args.seconds)
+    runs, best, held_so_far = [], 0, True
+    for n in args.clients:
+        summary = asyncio.run(run_load(url, n, files, args.pace))
+        runs.append(summary)
+        print(table([summary], COLUMNS), flush=True)
+        held = summary["failed"] == 0 and summary["final_p95"] is not None and summary["final_p95"] < args.target
+        held_so_far = held_so_far and held
+        if held_so_far:
+            best = n
+        # Past the target, keep sweeping only while it is still in sight: the curve is worth having.
+        if summary["failed"] or summary["final_p95"] is None or summary["final_p95"] > GIVE_UP * args.target:
+            break
+    return {"model": health.get("model"), "device": health.get("device"), "seconds_per_client": args.seconds,
+            "pace": args.pace, "target_p95_final_s": args.target, "max_clients_held": best,
+            "environment": environment(), "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running server, ws://host:port")
+    where.add_argument("--spawn", action="store_true", help="start a local server for the run")
+    p.add_argument("--model", default="tiny.en", help="with --spawn: the model to serve")
+    p.add_argument("--device", default=None, help="with --spawn: cpu, cuda, ... (default: auto)")
+    p.add_argument("--clients", default="1,2,4,8,16,32,64,128,256,512",
+                   type=lambda s: [int(x) for x in s.split(",")], help="N values of the sweep, in order")
+    p.add_argument("--seconds", type=float, default=30.0, help="audio per client")
+    p.add_argument("--pace", type=float, default=1.0, help="times real time")
+    p.add_argument("--target", type=float, default=1.0, help="p95 finalisation latency to hold, seconds")
+    p.add_argument("--out", help="JSON path (default benchmarks/results/bench_streaming_<device>.json)")
+    args = p.parse_args(argv)
+
+    with (spawned_server(args.model, args.device) if args.spawn else contextlib.nullcontext(args.url)) as url:
+        result = sweep(url.rstrip("/"), args)
+    print()
+    print(table(result["runs"], COLUMNS))
+    print(f"\nhighest N with p95 finalisation < {args.target:g} s: {result['max_clients_held']}")
+    device = (result["device"] or "unknown").split(":")[0]
+    path = Path(args.out) if args.out else None
+    if path is None:
+        path = write_json(f"bench_streaming_{device}.json", result)
+    else:
+        path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

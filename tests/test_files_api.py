@@ -1,0 +1,262 @@
+"""The OpenAI file endpoints end to end: the official `openai` client against a real server on
+127.0.0.1, real weights (tiny.en; multilingual `base` for translations), real recordings."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import urllib.error
+import urllib.request
+
+import jiwer
+import numpy as np
+import openai
+import pytest
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from streamer.audio.decode import write_wav
+from streamer.config import ModelConfig, load_settings
+from streamer.engine.engine import Engine
+from streamer.engine.request import DecodeOptions, Priority
+from streamer.server.app import create_app, running
+
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+KEY = "test-key"
+normalize = EnglishTextNormalizer()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = Engine.load(ModelConfig(model="tiny.en"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with running(create_app(load_settings({}), engine)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def jfk(jfk_path):
+    with open(jfk_path, "rb") as f:
+        return ("jfk.ogg", f.read())
+
+
+def cue_times(text: str, decimal: str) -> list[tuple[float, float]]:
+    clock = rf"(\d\d):(\d\d):(\d\d){re.escape(decimal)}(\d\d\d)"
+    seconds = lambda h, m, s, ms: 3600 * int(h) + 60 * int(m) + int(s) + int(ms) / 1000  # noqa: E731
+    return [(seconds(*m.groups()[:4]), seconds(*m.groups()[4:]))
+            for m in re.finditer(rf"^{clock} --> {clock}$", text, flags=re.M)]
+
+
+def check_subtitles(body: str, fmt: str) -> str:
+    """Valid SRT/VTT with increasing times; returns the cues' text."""
+    if fmt == "vtt":
+        assert body.startswith("WEBVTT\n\n")
+        blocks = body[len("WEBVTT\n\n"):].strip().split("\n\n")
+        times = cue_times(body, ".")
+    else:
+        blocks = body.strip().split("\n\n")
+        assert [b.split("\n")[0] for b in blocks] == [str(i) for i in range(1, len(blocks) + 1)]
+        times = cue_times(body, ",")
+    assert blocks and len(times) == len(blocks)
+    for (start, end), nxt in zip(times, times[1:] + [None]):
+        assert start <= end and (nxt is None or end <= nxt[0])
+    return " ".join(b.split("\n")[-1] for b in blocks)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "verbose_json"])
+def test_transcriptions_in_every_format(client, jfk, fmt):
+    r = client.audio.transcriptions.create(file=jfk, model="whisper-1", response_format=fmt)
+    if fmt == "json":
+        text = r.text
+    elif fmt == "verbose_json":
+        assert r.language == "english" and r.duration == pytest.approx(11.0, abs=0.1)
+        assert r.segments and [s.id for s in r.segments] == list(range(len(r.segments)))
+        assert all(a.end <= b.start for a, b in zip(r.segments, r.segments[1:]))
+        assert r.words is None
+        text = r.text
+    elif fmt == "text":
+        assert r.endswith("\n")
+        text = r
+    else:
+        text = check_subtitles(r, fmt)
+    assert wer(JFK, text) < 0.1
+
+
+def test_word_timestamps(client, jfk):
+    r = client.audio.transcriptions.create(file=jfk, model="tiny.en", response_format="verbose_json",
+                                           timestamp_granularities=["word"])
+    assert [w.word for w in r.words] == r.text.split()
+    assert all(0 <= w.start <= w.end <= r.duration for w in r.words)
+    assert all(a.end <= b.start for a, b in zip(r.words, r.words[1:]))
+    americans = next(w for w in r.words if w.word.startswith("Americans"))
+    assert 1.4 <= americans.start <= 2.1  # faster-whisper puts it at 1.76-2.24 s (test_alignment.py)
+    assert r.segments is None  # only the granularity asked for
+
+
+def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
+    events = list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True))
+    assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 2
+    assert events[-1].type == "transcript.text.done"
+    assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text
+    assert wer(JFK, events[-1].text) < 0.1
+
+
+def test_accurate_mode_and_a_prompt(client, jfk):
+    r = client.audio.transcriptions.create(file=jfk, model="tiny.en", prompt="Kennedy's inaugural address.",
+                                           temperature=0.2, extra_body={"mode": "accurate"})
+    assert wer(JFK, r.text) < 0.15
+
+
+def test_long_recording(client, audio_dir, manifest):
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    with open(row["audio"], "rb") as f:
+        r = client.audio.transcriptions.create(file=f, model="tiny.en", response_format="verbose_json")
+    assert r.duration == pytest.approx(row["duration"], abs=0.1)
+    assert wer(row["text"], r.text) < 0.08
+    assert all(a.end <= b.start for a, b in zip(r.segments, r.segments[1:]))
+    assert r.segments[-1].end > row["duration"] - 10
+
+
+def test_silence_gives_an_empty_transcript(client, tmp_path):
+    path = tmp_path / "silence.wav"
+    write_wav(path, np.zeros(5 * 16000, np.float32))
+    with open(path, "rb") as f:
+        assert client.audio.transcriptions.create(file=f, model="tiny.en").text == ""
+
+
+def error_of(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    body = info.value.body
+    assert set(body) == {"message", "type", "param", "code"} and body["message"]
+    return info.value.status_code, body
+
+
+def test_errors_in_openai_shape(client, jfk):
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=("notes.txt", b"not audio at all" * 100),
+                                                                       model="tiny.en"))
+    assert status == 415 and body["param"] == "file"
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="large-v9"))
+    assert status == 400 and "tiny.en" in body["message"] and "whisper-1" in body["message"]
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en", response_format="docx"))
+    assert status == 400 and body["param"] == "response_format"
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en", temperature=3))
+    assert status == 400 and body["param"] == "temperature"
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en", language="es"))
+    assert status == 400 and body["param"] == "language"
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en",
+                                                                       extra_body={"mode": "slow"}))
+    assert status == 400 and body["param"] == "mode"
+    status, body = error_of(lambda: client.audio.translations.create(file=jfk, model="tiny.en"))
+    assert status == 400 and "English-only" in body["message"]
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list()] == ["tiny.en", "whisper-1"]
+    assert client.models.retrieve("whisper-1").id == "whisper-1"
+    status, _ = error_of(lambda: client.models.retrieve("nope"))
+    assert status == 404
+
+
+def test_limits_and_shutdown(engine, jfk, audio_dir):
+    settings = load_settings({}, server={"max_upload_mb": 0.5, "max_audio_s": 5.0})
+    app = create_app(settings, engine)
+    with running(app) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        with open(audio_dir / "long" / "asterisk_en_6min.ogg", "rb") as f:  # 1.4 MB
+            status, body = error_of(lambda: client.audio.transcriptions.create(file=f, model="tiny.en"))
+        assert status == 413
+        status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))  # 11 s
+        assert status == 413 and "limit" in body["message"]
+        app.state.streamer.shutting_down = True
+        status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))
+        assert status == 503
+
+
+def test_api_key(engine, jfk):
+    with running(create_app(load_settings({}, server={"api_key": KEY}), engine)) as base:
+        anonymous = openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)
+        status, body = error_of(lambda: anonymous.audio.transcriptions.create(file=jfk, model="tiny.en"))
+        assert status == 401
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(base + "/v1/models")
+        assert info.value.code == 401
+        keyed = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        assert wer(JFK, keyed.audio.transcriptions.create(file=jfk, model="tiny.en").text) < 0.1
+
+
+def test_a_full_queue_answers_429(jfk):
+    """An engine with one slot and a deep queue of live work: a new upload is refused at once."""
+    busy = Engine.load(ModelConfig(model="tiny.en"), load_settings({}, engine={"max_slots": 1, "max_queue": 64}).engine)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def flood():
+        noise = np.random.default_rng(0).normal(0, 0.1, 30 * 16000).astype(np.float32)
+        return [busy.submit(noise, DecodeOptions(temperatures=(0.0,)), priority=Priority.FINAL) for _ in range(60)]
+
+    handles = asyncio.run_coroutine_threadsafe(flood(), loop).result()
+    try:
+        with running(create_app(load_settings({}), busy)) as base:
+            client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+            status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))
+            assert status == 429 and body["type"] == "rate_limit_error"
+    finally:
+        async def drop():
+            for h in handles:
+                h.cancel()
+            await asyncio.gather(*(h.future for h in handles), return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(drop(), loop).result()
+        busy.close()
+        loop.call_soon_threadsafe(loop.stop)
+
+
+# --- translations, with a multilingual model ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def multilingual():
+    engine = Engine.load(ModelConfig(model="base"))
+    with running(create_app(load_settings({}, model={"model": "base"}), engine)) as base:
+        yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def spanish(audio_dir):
+    with open(audio_dir / "es" / "asterisk" / "conf-otherinparty.ogg", "rb") as f:  # "Otros participantes en la conferencia."
+        return ("otros.ogg", f.read())
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "verbose_json"])
+def test_translations_in_every_format(multilingual, spanish, fmt):
+    r = multilingual.audio.translations.create(file=spanish, model="whisper-1", response_format=fmt)
+    if fmt in ("json", "verbose_json"):
+        text = r.text
+    elif fmt == "text":
+        text = r
+    else:
+        text = check_subtitles(r, fmt)
+    if fmt == "verbose_json":
+        assert r.language == "spanish" and r.segments
+    words = set(normalize(text).split())
+    assert {"participants", "conference"} <= words and not {"participantes", "conferencia"} & words, text
+
+
+def test_multilingual_transcription_keeps_the_language(multilingual, spanish):
+    r = multilingual.audio.transcriptions.create(file=spanish, model="base", response_format="verbose_json")
+    assert r.language == "spanish" and "conferencia" in r.text.lower()

@@ -1,0 +1,193 @@
+"""Long-form transcription: the cutting and seeking rules on their own, then both modes through a
+real tiny.en engine on real recordings joined into a minute of speech."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import jiwer
+import numpy as np
+import pytest
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from streamer.audio.decode import decode_audio
+from streamer.config import EngineConfig
+from streamer.engine.request import SAMPLE_RATE, Word
+from streamer.engine.engine import Engine
+from streamer.longform import Transcript, TranscriptSegment, transcribe_long
+from streamer.longform.accurate import complete_segments
+from streamer.longform.fast import plan_windows
+from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
+from streamer.model.weights import load_model
+
+normalize = EnglishTextNormalizer()
+GAP_S = 0.5
+"""Pause between joined prompts, as in the shared 6-minute recording."""
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+# --- accurate: which segments a window keeps, and where the seek goes -----------------------------------
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_model("tiny.en").tokenizer
+
+
+def ts(tok, seconds: float) -> int:
+    return tok.timestamp_begin + round(seconds / 0.02)
+
+
+def test_complete_segments_drop_text_cut_by_the_window_edge(tok):
+    a, b = tok.encode(" Hello there."), tok.encode(" And then")
+    tokens = [ts(tok, 0), *a, ts(tok, 2.5), ts(tok, 2.5), *b]  # the second segment never closes
+    spans, advance = complete_segments(tokens, tok, 30.0)
+    assert spans == [(0.0, 2.5, a)]
+    assert advance == pytest.approx(2.5)
+
+
+def test_complete_segments_keep_a_single_timestamp_ending_and_consume_the_window(tok):
+    a, b = tok.encode(" One."), tok.encode(" Two.")
+    tokens = [ts(tok, 0.4), *a, ts(tok, 1.0), ts(tok, 1.2), *b, ts(tok, 3.0)]
+    spans, advance = complete_segments(tokens, tok, 12.0)
+    assert spans == [(0.4, 1.0, a), (1.2, 3.0, b)]
+    assert advance == 12.0
+
+
+def test_complete_segments_without_pairs_take_the_whole_window(tok):
+    a = tok.encode(" Only text.")
+    assert complete_segments([ts(tok, 0.0), *a, ts(tok, 4.0)], tok, 9.0) == ([(0.0, 4.0, a)], 9.0)
+    assert complete_segments([ts(tok, 0.0), *a], tok, 9.0) == ([(0.0, 9.0, a)], 9.0)
+
+
+# --- fast: where the windows go --------------------------------------------------------------------------
+
+def test_windows_pack_speech_up_to_30_s_and_cut_only_in_pauses():
+    s = SAMPLE_RATE
+    speech = [(1 * s, 10 * s), (11 * s, 25 * s), (26 * s, 40 * s), (41 * s, 69 * s), (70 * s, 71 * s)]
+    windows = plan_windows(speech, 80 * s)
+    assert windows == [(1 * s, 25 * s), (26 * s, 40 * s), (41 * s, 71 * s)]
+    assert plan_windows([(2 * s, 3 * s)], 20 * s) == [(0, 20 * s)]  # up to 30 s: one window, whole
+    assert plan_windows([], 20 * s) == [] and plan_windows([], 90 * s) == []
+
+
+# --- formats ---------------------------------------------------------------------------------------------
+
+def transcript() -> Transcript:
+    words = [Word(0.5, 0.9, " Hello", 0.9), Word(0.9, 1.4, " world.", 0.8)]
+    segments = [TranscriptSegment(0, 0, 0.5, 1.4, " Hello world.", [1, 2], -0.2, 1.1, 0.01, 0.0, words),
+                TranscriptSegment(1, 140, 3661.25, 3663.0, " Second --> cue.", [3], -0.3, 1.2, 0.02, 0.2, [])]
+    return Transcript(text="Hello world. Second --> cue.", language="en", duration=3663.5, segments=segments)
+
+
+def test_subtitles_have_numbered_cues_with_exact_clock_times():
+    assert to_srt(transcript()) == ("1\n00:00:00,500 --> 00:00:01,400\nHello world.\n\n"
+                                    "2\n01:01:01,250 --> 01:01:03,000\nSecond -> cue.\n")
+    assert to_vtt(transcript()) == ("WEBVTT\n\n00:00:00.500 --> 00:00:01.400\nHello world.\n\n"
+                                    "01:01:01.250 --> 01:01:03.000\nSecond -> cue.\n")
+
+
+def test_verbose_json_has_openai_fields():
+    body = to_verbose_json(transcript(), words=True)
+    assert body["language"] == "english" and body["task"] == "transcribe" and body["duration"] == 3663.5
+    assert set(body["segments"][0]) == {"id", "seek", "start", "end", "text", "tokens", "temperature",
+                                        "avg_logprob", "compression_ratio", "no_speech_prob"}
+    assert body["words"] == [{"word": "Hello", "start": 0.5, "end": 0.9}, {"word": "world.", "start": 0.9, "end": 1.4}]
+    assert "segments" not in to_verbose_json(transcript(), segments=False, words=True)
+    assert render(transcript(), "json") == {"text": "Hello world. Second --> cue."}
+    with pytest.raises(ValueError):
+        render(transcript(), "docx")
+
+
+# --- both modes on real speech ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minute(manifest):
+    """Six English prompts of 8-14 s joined with 0.5-s pauses: about a minute, so several windows."""
+    rows = [r for r in manifest if r["language"] == "en" and "/asterisk/" in r["audio"] and 8 <= r["duration"] <= 14]
+    rows = sorted(rows, key=lambda r: r["audio"])[:6]
+    gap = np.zeros(int(GAP_S * SAMPLE_RATE), np.float32)
+    parts = []
+    for r in rows:
+        parts += [decode_audio(r["audio"]), gap]
+    return np.concatenate(parts), " ".join(r["text"] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = Engine(load_model("tiny.en"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def both(engine, minute):
+    """Both modes on the minute at once (the accurate chain and the fast windows share engine
+    steps), with what each reported on the way: {mode: (transcript, progress, streamed segments)}."""
+    audio, _ = minute
+    out = {}
+
+    async def one(mode):
+        progress, streamed = [], []
+        t = await transcribe_long(engine, audio, mode=mode, on_progress=progress.append,
+                                  on_segments=lambda segs: streamed.extend(segs))
+        out[mode] = (t, progress, streamed)
+
+    async def run():
+        await asyncio.gather(one("fast"), one("accurate"))
+
+    asyncio.run(run())
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fast", "accurate"])
+def test_a_minute_of_speech_is_transcribed_in_order_with_progress(both, minute, mode):
+    audio, reference = minute
+    t, progress, streamed = both[mode]
+    for prev, cur in zip(t.segments, t.segments[1:]):
+        assert prev.end <= cur.start
+    assert all(0 <= s.start < s.end <= t.duration for s in t.segments)
+    assert [s.id for s in t.segments] == list(range(len(t.segments)))
+    assert t.text == "".join(s.text for s in t.segments).strip()
+    assert t.language == "en" and t.duration == pytest.approx(len(audio) / SAMPLE_RATE, abs=1e-3)
+    assert wer(reference, t.text) < 0.12, t.text
+    assert progress == sorted(progress) and progress[-1] == 1.0 and len(progress) >= 3
+    assert streamed == t.segments  # streamed in order, each segment once
+
+
+def test_accurate_is_not_worse_than_fast_here(both, minute):
+    _, reference = minute
+    assert wer(reference, both["accurate"][0].text) <= wer(reference, both["fast"][0].text) + 0.02
+
+
+@pytest.mark.parametrize("mode", ["fast", "accurate"])
+def test_word_timestamps_cover_every_word_in_order(engine, minute, mode):
+    audio, _ = minute
+    t = asyncio.run(transcribe_long(engine, audio[: 40 * SAMPLE_RATE], mode=mode, word_timestamps=True))
+    words = t.words
+    assert [w.word.strip() for w in words] == re.findall(r"\S+", t.text)
+    for prev, cur in zip(words, words[1:]):
+        assert prev.end <= cur.start + 1e-9
+    for seg in t.segments:
+        assert all(seg.start <= w.start <= w.end <= seg.end for w in seg.words)
+
+
+@pytest.mark.parametrize("mode", ["fast", "accurate"])
+def test_silence_gives_an_empty_transcript(engine, mode):
+    for seconds in (5, 45):
+        t = asyncio.run(transcribe_long(engine, np.zeros(seconds * SAMPLE_RATE, np.float32), mode=mode))
+        assert t.text == "" and t.segments == []
+
+
+def test_a_recording_waits_for_queue_room_instead_of_failing(minute):
+    """More windows than the queue holds: the recording under way waits, and completes."""
+    audio, reference = minute
+    small = Engine(load_model("tiny.en"), EngineConfig(max_queue=2))
+    try:
+        t = asyncio.run(transcribe_long(small, audio, mode="fast"))
+    finally:
+        small.close()
+    assert wer(reference, t.text) < 0.12

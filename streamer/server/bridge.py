@@ -143,6 +143,7 @@ class Bridge:
         """End of audio: finalise the open utterance and wait (up to `timeout`) until every final
         is delivered; then drop what is left."""
         self._dispatch(self.session.close())
+        self._partial_next = None  # nothing is provisional any more
         pending = [job.delivered.wait() for job in self._finals]
         if pending:
             try:
@@ -183,6 +184,8 @@ class Bridge:
                     self.metrics.first_partial.observe(time.monotonic() - began)
                 self.emit(event)
             else:
+                if isinstance(event, SpeechStopped):
+                    self._speech_wall.pop(event.utterance_id, None)
                 self.emit(event)
 
     def _received_at(self, t: float) -> float:
@@ -197,8 +200,8 @@ class Bridge:
             # As offline transcription decodes, with timestamps for the final's stream span.
             return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True)
         # A partial is shown only if its greedy decode is good: the fallback to higher temperatures
-        # costs a full decode per step (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s with
-        # all six temperatures), and a loop is cut short.
+        # costs a full decode per temperature (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s
+        # with all six), and a loop is cut short.
         max_tokens = int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * len(window.audio) / SAMPLE_RATE)
         return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, temperatures=(0.0,),
                              max_new_tokens=min(max_tokens, self.engine.config.max_new_tokens))

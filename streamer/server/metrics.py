@@ -37,7 +37,8 @@ class _EngineCollector(Collector):
         }
         for key, help_text in gauges.items():
             yield GaugeMetricFamily(f"streamer_engine_{key}", help_text, value=float(m.get(key, 0)))
-        for key, help_text in {"tokens": "Tokens decoded", "windows": "Windows encoded", "steps": "Engine steps"}.items():
+        counters = {"tokens": "Tokens decoded", "windows": "Windows encoded", "steps": "Engine steps"}
+        for key, help_text in counters.items():
             yield CounterMetricFamily(f"streamer_engine_{key}", help_text, value=float(m.get(key, 0)))
 
 

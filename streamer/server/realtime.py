@@ -166,6 +166,9 @@ class RealtimeStream:
             else:
                 try:
                     await self._serve()
+                except Exception as e:  # a bug: tell the client, keep the server up
+                    log.exception("realtime %s: internal error", self.session_id)
+                    self._fatal("server_error", "internal_error", f"internal error: {type(e).__name__}", 1011)
                 finally:
                     self.state.release(self)
                     self._done.set()
@@ -226,7 +229,8 @@ class RealtimeStream:
             if text is None:
                 text = (message.get("bytes") or b"").decode("utf-8", "replace")
             if len(text.encode()) > limit:
-                self._fatal("invalid_request_error", "message_too_large", f"a message is over the {limit}-byte limit", 1009)
+                self._fatal("invalid_request_error", "message_too_large", f"a message is over the {limit}-byte limit",
+                            1009)
                 return "error"
             try:
                 self._on_text(text)
@@ -338,11 +342,12 @@ class RealtimeStream:
         config = self.config
         if "input_audio_format" in session:
             if session["input_audio_format"] != "pcm16":
-                raise InvalidValue(f"input_audio_format {session['input_audio_format']!r} is not supported (only pcm16)",
-                                   "session.input_audio_format")
+                raise InvalidValue(f"input_audio_format {session['input_audio_format']!r} is not supported "
+                                   "(only pcm16)", "session.input_audio_format")
             config = dataclasses.replace(config, rate=DEFAULT_RATE)
         if "input_audio_transcription" in session:
-            config = self._transcription(config, session["input_audio_transcription"], "session.input_audio_transcription")
+            config = self._transcription(config, session["input_audio_transcription"],
+                                         "session.input_audio_transcription")
         if "turn_detection" in session:
             config = self._turn_detection(config, session["turn_detection"], "session.turn_detection")
         return config
@@ -355,9 +360,10 @@ class RealtimeStream:
         if "language" in value:
             multilingual, languages = model_info(self.state)
             try:
-                config = dataclasses.replace(config, language=parse_language(value["language"], multilingual, languages))
+                language = parse_language(value["language"], multilingual, languages)
             except ProtocolError as e:
                 raise InvalidValue(e.message, f"{param}.language") from None
+            config = dataclasses.replace(config, language=language)
         if "prompt" in value:
             if not isinstance(value["prompt"], str):
                 raise InvalidValue("prompt must be a string", f"{param}.prompt")
@@ -370,7 +376,8 @@ class RealtimeStream:
         if not isinstance(value, dict):
             raise InvalidValue(f"{param} must be an object or null", param)
         if value.get("type", "server_vad") != "server_vad":
-            raise InvalidValue(f"turn_detection.type {value.get('type')!r} is not supported (only server_vad)", f"{param}.type")
+            raise InvalidValue(f"turn_detection.type {value.get('type')!r} is not supported (only server_vad)",
+                               f"{param}.type")
         vad = self.state.settings.streaming.vad
         current = config.turn_detection or TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms)
         threshold = _range(value, "threshold", 0.0, 1.0, current.threshold, param, open_ends=True)
@@ -450,7 +457,8 @@ class RealtimeStream:
             if not seg.manual:
                 item = self._item(number, event.utterance_id)
                 pad = seg.config.turn_detection.prefix_padding_ms / 1000.0
-                self._event("input_audio_buffer.speech_started", audio_start_ms=ms(max(0.0, event.t - pad)), item_id=item.id)
+                self._event("input_audio_buffer.speech_started", audio_start_ms=ms(max(0.0, event.t - pad)),
+                            item_id=item.id)
         elif isinstance(event, Partial):
             item = self._item(number, event.utterance_id)
             # Only text that has become stable: deltas are never taken back.
@@ -518,7 +526,8 @@ def _object(parent: dict, name: str, where: str) -> dict:
 
 def _rate(value: Any, param: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_RATE <= value <= MAX_RATE:
-        raise InvalidValue(f"rate must be a whole number of Hz from {MIN_RATE} to {MAX_RATE}, not {json.dumps(value)}", param)
+        raise InvalidValue(f"rate must be a whole number of Hz from {MIN_RATE} to {MAX_RATE}, not {json.dumps(value)}",
+                           param)
     return value
 
 
@@ -531,6 +540,6 @@ def _range(obj: dict, name: str, low: float, high: float, default, where: str, *
     inside = ok and (low < value < high if open_ends else low <= value <= high)
     if not inside:
         bounds = f"{low} < x < {high}" if open_ends else f"{low}..{high}"
-        raise InvalidValue(f"{name} must be {'a whole number ' if integer else 'a number '}in {bounds}, not {json.dumps(value)}",
-                           f"{where}.{name}")
+        kind = "a whole number" if integer else "a number"
+        raise InvalidValue(f"{name} must be {kind} in {bounds}, not {json.dumps(value)}", f"{where}.{name}")
     return int(value) if integer else float(value)

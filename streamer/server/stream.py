@@ -33,6 +33,7 @@ FINISH_TIMEOUT_S = 60.0
 MAX_FRAME_S = 5.0
 """Longest audio in one binary frame."""
 
+UNAUTHORIZED = "missing or wrong API key: send `Authorization: Bearer KEY` or `?api_key=KEY`"
 ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4}
 """Encoding -> bytes per sample."""
 
@@ -267,13 +268,16 @@ class NativeStream:
         self._outbox = Outbox(self.ws)
         try:
             if not authorized(self.ws.scope, self.state.settings.server.api_key):
-                self._fatal("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or `?api_key=KEY`", 1008)
+                self._fatal("unauthorized", UNAUTHORIZED, 1008)
             elif not self.state.admit(self):
                 limit = self.state.settings.server.max_sessions
                 self._fatal("overloaded", f"the server is at its limit of {limit} live streams; retry later", 1013)
             else:
                 try:
                     await self._serve()
+                except Exception as e:  # a bug: tell the client, keep the server up
+                    log.exception("session %s: internal error", self.session_id)
+                    self._fatal("internal", f"internal error: {type(e).__name__}", 1011)
                 finally:
                     self.state.release(self)
                     self._done.set()
@@ -389,8 +393,8 @@ class NativeStream:
         start = self._start
         frame_bytes = ENCODINGS[start.encoding] * start.channels
         if not data or len(data) % frame_bytes:
-            raise ProtocolError("bad_frame", f"a frame must be a non-empty whole number of {frame_bytes}-byte sample frames, "
-                                             f"not {len(data)} bytes")
+            raise ProtocolError("bad_frame", f"a frame must be a non-empty whole number of {frame_bytes}-byte "
+                                             f"sample frames, not {len(data)} bytes")
         if len(data) // frame_bytes > MAX_FRAME_S * start.sample_rate:
             raise ProtocolError("bad_frame", f"a frame may hold at most {MAX_FRAME_S:g} s of audio")
         self._bridge.feed(self._resampler.push(data))

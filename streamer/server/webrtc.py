@@ -151,7 +151,7 @@ class WebRtcStream:
 
     def _emit(self, event: StreamEvent) -> None:
         if isinstance(event, Finalized) and event.error is not None:
-            self._send({"type": "error", "code": "internal", "message": f"decoding utterance {event.utterance_id} failed"})
+            self._spawn(self._fail(f"decoding utterance {event.utterance_id} failed: {event.error}"))
             return
         message = event_dict(event)
         if message is not None:
@@ -183,6 +183,19 @@ class WebRtcStream:
         try:
             await self.bridge.finish(timeout)
             self._send({"type": "closed", "reason": reason})
+            await self._drain_channel()
+        finally:
+            await self.close()
+
+    async def _fail(self, message: str) -> None:
+        """A fatal error, as on `/v1/stream`: `error` (internal), `closed` (error), then close."""
+        if self._ending:
+            return
+        self._ending = True
+        self.bridge.close()
+        self._send({"type": "error", "code": "internal", "message": message})
+        self._send({"type": "closed", "reason": "error"})
+        try:
             await self._drain_channel()
         finally:
             await self.close()
@@ -239,7 +252,8 @@ async def offer_endpoint(request: Request) -> JSONResponse:
     except ProtocolError as e:
         return _error(400, e.code, e.message, e.field, state=state)
     if state.engine_saturated():
-        return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"}, state=state)
+        return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"},
+                      state=state)
     stream = WebRtcStream(state, start)
     if not state.admit(stream):
         await stream.close()

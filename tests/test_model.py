@@ -12,6 +12,7 @@ import torch
 
 from streamer.audio.decode import decode_audio
 from streamer.audio.features import log_mel_spectrogram
+from streamer.engine.request import DecodeOptions
 from streamer.engine.runner import Runner
 from streamer.model.weights import WeightsError, load_model, read_ct2, save_hf_checkpoint
 
@@ -40,8 +41,7 @@ def _clips(manifest, n):
 
 def greedy(loaded, audios, language=None, prompt=None):
     """Greedy tokens of each clip, all decoded together in one runner (continuous batching)."""
-    options = types.SimpleNamespace(task="transcribe", language=language, prompt=prompt, prefix=None,
-                                    timestamps=False, max_new_tokens=None)
+    options = DecodeOptions(language=language, prompt=prompt, temperatures=(0.0,))
     runner = Runner(loaded, n_slots=len(audios))
     reqs = [types.SimpleNamespace(id=str(i), audio=a, features=None, options=options, temperature=0.0)
             for i, a in enumerate(audios)]

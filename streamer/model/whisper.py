@@ -187,6 +187,13 @@ class TextDecoder(nn.Module):
         self.register_buffer("positional_embedding", torch.zeros(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
+        # [D, V] row-major copy of the tied output projection, for the CPU: there a one-token step's
+        # logits are a GEMV over the whole vocabulary, 2.5x faster over this layout than over the
+        # embedding's [V, D] (tiny.en: 7.5 against 19 ms on 2 cores). Set by `cpu_logits()`.
+        self.proj_t: torch.Tensor | None = None
+
+    def cpu_logits(self) -> None:
+        self.proj_t = self.token_embedding.weight.detach().t().contiguous()
 
     def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
@@ -224,7 +231,8 @@ class TextDecoder(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         # hidden: [..., D] -> [..., n_vocab] in float32 (the output projection is tied to the embedding)
-        return (self.ln(hidden) @ self.token_embedding.weight.t()).float()
+        weight = self.proj_t if self.proj_t is not None else self.token_embedding.weight.t()
+        return (self.ln(hidden) @ weight).float()
 
 
 class Whisper(nn.Module):

@@ -321,3 +321,43 @@ def test_deltas_while_speaking(base, jfk_path):
     assert early, "no delta while the person spoke"
     assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country.",
                transcripts[0]) < 0.15
+
+
+def test_update_mid_stream_keeps_stream_time(base, prompts):
+    """A session.update that changes rate and VAD after audio: the open item is committed, the
+    next audio is read at the new rate, stream time runs on, completions stay in commit order."""
+    first, second = (decode_audio(r["audio"]) for r in prompts[2][:2])
+    at16k = (first.clip(-1, 1) * 32767).astype("<i2").tobytes()
+
+    async def append(ws, pcm: bytes):
+        for i in range(0, len(pcm), 32000):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i:i + 32000]).decode()}))
+
+    async def run():
+        ws = await raw(base)
+        await append(ws, pcm24k(first)[: int(2.0 * RATE) * 2])  # two seconds in: speech is open
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": {"silence_duration_ms": 700}}}}}))
+        gap = b"\0\0" * 16000
+        await append(ws, at16k[2 * 32000:] + gap + (second.clip(-1, 1) * 32767).astype("<i2").tobytes() + 2 * gap)
+        events = []
+        while sum(e["type"] == COMPLETED for e in events) < 2 or \
+                sum(e["type"] == COMPLETED for e in events) < sum(e["type"] == "input_audio_buffer.committed" for e in events):
+            events.append(await next_event(ws))
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    kinds = [e["type"] for e in events]
+    # The update first commits the open item, then answers.
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("session.updated")
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert [e["item_id"] for e in events if e["type"] == COMPLETED] == committed
+    starts = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    stops = [e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    assert stops[0] == pytest.approx(2000, abs=40)  # the update committed the open item where the audio stood
+    # The second prompt begins 1 s after the first ends, in stream time (its item's start includes padding).
+    assert starts == sorted(starts) and starts[-1] >= len(first) / 16 + 1000 - 300
+    transcripts = [e["transcript"] for e in events if e["type"] == COMPLETED]
+    assert wer(prompts[2][1]["text"], transcripts[-1]) < 0.2

@@ -254,17 +254,26 @@ def test_idle_timeout_and_stop_before_start(engine):
         async with websockets.connect(url + "/v1/stream") as ws:
             await ws.send(json.dumps({"type": "stop"}))
             assert await until_closed(ws) == [{"type": "closed", "reason": "stop"}, {"type": "_close", "code": 1000}]
+        async with websockets.connect(url + "/v1/realtime") as ws:
+            events = await until_closed(ws)
+        assert [e["type"] for e in events] == ["session.created", "_close"] and events[-1]["code"] == 1000
 
     with server(engine, idle_timeout_s=1.0) as url:
         asyncio.run(run(url))
 
 
 def test_health(engine):
-    with server(engine) as url:
+    app = create_app(load_settings({}), engine)
+    with running(app) as url:
         status, body, _ = http(url + "/health")
-    health = json.loads(body)
-    assert status == 200 and health["status"] == "ok" and health["model"] == "tiny.en"
-    assert health["device"] == "cpu" and health["sessions"] == 0 and health["queue"] == 0
+        health = json.loads(body)
+        assert status == 200 and health["status"] == "ok" and health["model"] == "tiny.en"
+        assert health["device"] == "cpu" and health["sessions"] == 0 and health["queue"] == 0
+        app.state.streamer.shutting_down = True  # as during a drain
+        status, body, _ = http(url + "/health")
+        assert status == 503 and json.loads(body)["status"] == "shutting_down"
+        events = asyncio.run(refused(url.replace("http://", "ws://") + "/v1/stream"))
+        assert [e.get("code") for e in events] == ["overloaded", None, 1013]
 
 
 def _free_port() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -138,7 +139,9 @@ async def _transcribe(args) -> int:
             continue
         if len(results) > 1 and args.format == "text":
             print(f"==> {path} <==")
-        text = render(result, args.format, task=args.task)
+        text = render(result, args.format, words=args.word_timestamps)
+        if isinstance(text, dict):
+            text = json.dumps(text, ensure_ascii=False, indent=2)
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 1 if failed else 0
 

@@ -191,7 +191,7 @@ class RealtimeStream:
         timeout = self._grace if reason == "shutdown" else FINISH_TIMEOUT_S
         self._retire(timeout)
         if self._retiring:
-            await asyncio.wait(self._retiring)
+            await asyncio.wait(self._retiring, timeout=timeout)
         self._outbox.close(1001 if reason == "shutdown" else 1000)
 
     async def shutdown(self, grace_s: float) -> None:

@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     lt = sub.add_parser("loadtest", help="stream real recordings from N concurrent clients to a server")
     lt.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of benchmarks/bench_streaming.py")
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["loadtest"]:  # every further argument, --help included, belongs to the load test
+        from streamer.loadtest import main as loadtest_main
+
+        return loadtest_main(argv[1:])
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -61,10 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "transcribe":
         return asyncio.run(_transcribe(args))
-    if args.command == "loadtest":
-        from streamer.loadtest import main as loadtest_main
-
-        return loadtest_main(args.rest)
     return 2
 
 

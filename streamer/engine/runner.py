@@ -174,10 +174,12 @@ class Runner:
 
     # --- decoder step -------------------------------------------------------------------------------
 
-    def _decode_rows(self, b: int, noise, kv_len: int | None = None, timestamps: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_rows(self, b: int, noise, kv_len: int | None = None, timestamps: bool = True,
+                     beams: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         dec = self.model.decoder
         hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len)
-        tokens, logprobs, top = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise, timestamps, TOPK)
+        tokens, logprobs, top = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise, timestamps,
+                                                  TOPK if beams else 0)
         self.state.advance(tokens, self.tok.timestamp_begin)
         self.tokens_in[:b] = tokens
         # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.
@@ -209,7 +211,8 @@ class Runner:
             noise = torch.rand(n, self.dims.n_vocab, device=self.device) if any_hot else None
             kv_len = max(len(s.initial) + len(s.tokens) for s in self.slots)  # > every row's position
             timestamps = any(s.request.options.timestamps for s in self.slots)
-            tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps)
+            beams = any(s.group is not None for s in self.slots)
+            tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps, beams)
             return tokens.cpu(), logprobs.float().cpu(), self._top_to_host(top, n)
         b = min(self.bucket(n), self.n_slots)
         graph, tokens, logprobs, top = self._graph(b)

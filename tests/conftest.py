@@ -34,3 +34,15 @@ def manifest(audio_dir) -> list[dict]:
 @pytest.fixture(scope="session")
 def jfk_path(audio_dir) -> str:
     return str(audio_dir / "en" / "jfk.ogg")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """One tiny.en engine (default settings) shared by the server tests: loading is the slow part."""
+    from streamer.config import load_settings
+    from streamer.engine.engine import Engine
+
+    settings = load_settings({})
+    engine = Engine.load(settings.model, settings.engine)
+    yield engine
+    engine.close()

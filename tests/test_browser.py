@@ -28,8 +28,7 @@ from selenium.webdriver.support.ui import Select
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from browser_util import chromium, fake_mic_wav, page_state, severe_console_errors, wait_for
-from streamer.config import ModelConfig, load_settings
-from streamer.engine.engine import Engine
+from streamer.config import load_settings
 from streamer.server.app import create_app, running, warm_up
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
@@ -56,14 +55,10 @@ def screenshot(driver, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def base_url():
-    engine = Engine.load(ModelConfig(model="tiny.en"))
+def base_url(engine):
     asyncio.run(warm_up(engine))  # as `streamer serve` does: the first stream pays no lazy setup
-    try:
-        with running(create_app(load_settings({}), engine)) as base:
-            yield base
-    finally:
-        engine.close()
+    with running(create_app(load_settings({}), engine)) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -31,13 +31,6 @@ def wer(reference: str, hypothesis: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = Engine.load(ModelConfig(model="tiny.en"))
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def server(engine):
     with running(create_app(load_settings({}), engine)) as base:
         yield base

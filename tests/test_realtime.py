@@ -21,7 +21,6 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio.decode import decode_audio
 from streamer.config import load_settings
-from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.server.app import create_app, running
 
@@ -51,14 +50,6 @@ def pcm24k(audio16k: np.ndarray) -> bytes:
 
 def silence(seconds: float) -> bytes:
     return b"\x00\x00" * int(seconds * RATE)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    settings = load_settings({})
-    engine = Engine.load(settings.model, settings.engine)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -34,14 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def engine():
-    settings = load_settings({})
-    engine = Engine.load(settings.model, settings.engine)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def jfk(jfk_path) -> bytes:
     return (np.clip(decode_audio(jfk_path), -1, 1) * 32767).astype("<i2").tobytes()
 

@@ -5,7 +5,7 @@ Engine results are hand-made plain data with the attributes of `engine.request.R
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest

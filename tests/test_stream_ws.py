@@ -18,7 +18,6 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio.decode import decode_audio
 from streamer.config import load_settings
-from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.server.app import create_app, running
 
@@ -36,14 +35,6 @@ def wer(reference: str, hypothesis: str) -> float:
 
 def s16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
-
-
-@pytest.fixture(scope="module")
-def engine():
-    settings = load_settings({})
-    engine = Engine.load(settings.model, settings.engine)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio.decode import decode_audio, write_wav
 from streamer.config import load_settings
-from streamer.engine.engine import Engine
 from streamer.server.app import create_app, running
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
@@ -36,14 +35,6 @@ def loopback_only():
     aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
     yield
     aioice.ice.get_host_addresses = original
-
-
-@pytest.fixture(scope="module")
-def engine():
-    settings = load_settings({})
-    engine = Engine.load(settings.model, settings.engine)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,20 @@ import re
 import jiwer
 import numpy as np
 import pytest
+import torch
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig
-from streamer.engine.request import SAMPLE_RATE, Word
 from streamer.engine.engine import Engine
+from streamer.engine.request import SAMPLE_RATE, DecodeOptions, Word
 from streamer.longform import Transcript, TranscriptSegment, transcribe_long
 from streamer.longform.accurate import complete_segments
+from streamer.longform.decode import decode_window
 from streamer.longform.fast import plan_windows
 from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
+from streamer.longform.speech import left_out, speech_seconds
+from streamer.longform.transcript import Window
 from streamer.model.weights import load_model
 
 normalize = EnglishTextNormalizer()
@@ -72,6 +76,16 @@ def test_windows_pack_speech_up_to_30_s_and_cut_only_in_pauses():
     assert windows == [(1 * s, 25 * s), (26 * s, 40 * s), (41 * s, 71 * s)]
     assert plan_windows([(2 * s, 3 * s)], 20 * s) == [(0, 20 * s)]  # up to 30 s: one window, whole
     assert plan_windows([], 20 * s) == [] and plan_windows([], 90 * s) == []
+
+
+def test_left_out_speech_is_found_after_the_last_segment():
+    s = SAMPLE_RATE
+    window = Window(start=10 * s, length=20 * s)
+    window.segments = [TranscriptSegment(0, 1000, 11.0, 24.0, " text", [1], -0.1, 1.0, 0.0, 0.0)]
+    assert speech_seconds([(9 * s, 12 * s), (20 * s, 26 * s), (29 * s, 40 * s)], 10 * s, 30 * s) == 2 + 6 + 1
+    assert left_out([(11 * s, 24 * s + s // 4)], window) is None  # padding after the last words
+    assert left_out([(11 * s, 24 * s), (25 * s, 29 * s)], window) == 24 * s  # a sentence the model skipped
+    assert left_out([(11 * s, 29 * s)], Window(start=10 * s, length=20 * s)) is None  # nothing decoded
 
 
 # --- formats ---------------------------------------------------------------------------------------------
@@ -173,6 +187,17 @@ def test_word_timestamps_cover_every_word_in_order(engine, minute, mode):
         assert prev.end <= cur.start + 1e-9
     for seg in t.segments:
         assert all(seg.start <= w.start <= w.end <= seg.end for w in seg.words)
+
+
+def test_when_every_temperature_fails_the_best_attempt_is_kept(engine, jfk_path):
+    """A log-probability threshold of 0 fails every attempt; the greedy one is the likeliest, where
+    openai's rule would keep the last, hottest sample."""
+    torch.manual_seed(0)
+    options = DecodeOptions(temperatures=(0.0, 0.6, 1.0), logprob_threshold=0.0, no_speech_threshold=None)
+    result = asyncio.run(decode_window(engine, decode_audio(jfk_path), options, started=False))
+    assert result.temperature == 0.0
+    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for "
+               "your country.", result.text) < 0.1
 
 
 @pytest.mark.parametrize("mode", ["fast", "accurate"])

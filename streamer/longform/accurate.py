@@ -20,8 +20,8 @@ import numpy as np
 
 from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
-from streamer.longform.speech import find_speech, is_silent
-from streamer.longform.submit import submit_window
+from streamer.longform.speech import find_speech, is_silent, left_out
+from streamer.longform.decode import decode_window
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -96,18 +96,16 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             break
         window = Window(start=seek, length=_window_end(speech, next_speech, seek, n) - seek)
         opts = dataclasses.replace(options, timestamps=True, language=language, prompt=prompt or None)
-        handle = await submit_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
-        try:
-            result = await handle.result()
-        except asyncio.CancelledError:  # the caller went away: free the engine's slot
-            handle.cancel()
-            raise
+        result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
         advance = window_s
         if not is_silent(result, options):
             spans, advance = complete_segments(result.tokens, tok, window_s)
             window.segments = make_segments(spans, result, tok, window)
+            resume = left_out(speech, window)
+            if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
+                advance = min(advance, (resume - seek) / SAMPLE_RATE)
             if result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = ""
             else:

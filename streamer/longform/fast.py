@@ -17,10 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from streamer.engine.engine import Engine, Handle
+from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Result
-from streamer.longform.submit import detect_language, submit_window
-from streamer.longform.speech import find_speech, is_silent
+from streamer.longform.decode import decode_window, detect_language
+from streamer.longform.speech import find_speech, is_silent, left_out
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.decoding import split_segments
@@ -65,37 +65,48 @@ async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOpti
         language = await detect_language(engine, audio[first.start:first.start + first.length], options)
         options = dataclasses.replace(options, language=language)
 
-    results: list[Result | None] = [None] * len(windows)
-    pending: dict[asyncio.Future, tuple[int, Handle]] = {}
-    next_submit, next_emit, done = 0, 0, 0
+    slots = asyncio.Semaphore(max_in_flight)
+
+    async def decode(window: Window, started: bool) -> Result:
+        async with slots:
+            return await decode_window(engine, audio[window.start:window.start + window.length], options, started=started)
+
+    planned = {id(w) for w in windows}
+    order = list(windows)  # emission order; a repair window goes right after the window it repairs
+    tasks = {asyncio.ensure_future(decode(w, i > 0)): w for i, w in enumerate(windows)}
+    results: dict[int, Result] = {}  # by id(window)
+    next_emit, reported = 0, 0.0
     try:
-        while next_submit < len(windows) or pending:
-            while next_submit < len(windows) and len(pending) < max_in_flight:
-                w = windows[next_submit]
-                handle = await submit_window(engine, audio[w.start:w.start + w.length], options, started=next_submit > 0)
-                pending[asyncio.ensure_future(handle.result())] = (next_submit, handle)
-                next_submit += 1
-            finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in finished:
-                i, _handle = pending.pop(future)
-                result = results[i] = future.result()
+        pending = set(tasks)
+        while pending:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                window = tasks[task]
+                result = results[id(window)] = task.result()
                 if not is_silent(result, options):
-                    spans = split_segments(result.tokens, engine.tokenizer, windows[i].length / SAMPLE_RATE)
-                    windows[i].segments = make_segments(spans, result, engine.tokenizer, windows[i])
-                done += 1
-            while next_emit < len(windows) and results[next_emit] is not None:  # in order, as soon as known
-                if on_segments is not None and windows[next_emit].segments:
-                    on_segments(windows[next_emit].segments)
+                    spans = split_segments(result.tokens, engine.tokenizer, window.length / SAMPLE_RATE)
+                    window.segments = make_segments(spans, result, engine.tokenizer, window)
+                resume = left_out(speech, window) if id(window) in planned else None  # repairs are not repaired
+                if resume is not None:
+                    repair = Window(start=resume, length=window.start + window.length - resume)
+                    order.insert(order.index(window) + 1, repair)
+                    task = asyncio.ensure_future(decode(repair, True))
+                    tasks[task] = repair
+                    pending.add(task)
+            while next_emit < len(order) and id(order[next_emit]) in results:  # in order, as soon as known
+                if on_segments is not None and order[next_emit].segments:
+                    on_segments(order[next_emit].segments)
                 next_emit += 1
+            reported = max(reported, len(results) / len(order))
             if on_progress is not None:
-                on_progress(done / len(windows))
+                on_progress(reported)
     finally:
-        for future, (_i, handle) in pending.items():  # failed or cancelled: free the engine's slots
-            future.cancel()
-            handle.cancel()
+        for task in tasks:  # failed or cancelled: stop the other windows and free their slots
+            task.cancel()
+    windows = order
 
     if language is None:
-        language = next((r.language for r in results if r is not None and r.language), None)
+        language = next((r.language for r in results.values() if r.language), None)
     if on_progress is not None and not windows:
         on_progress(1.0)
     if word_timestamps:

@@ -16,11 +16,16 @@ import numpy as np
 
 from streamer.audio.vad import SileroVAD, speech_segments
 from streamer.config import VADConfig
-from streamer.engine.request import DecodeOptions, Result
+from streamer.engine.request import SAMPLE_RATE, DecodeOptions, Result
+from streamer.longform.transcript import Window
 
 CUT_VAD = VADConfig(min_silence_ms=300, speech_pad_ms=200, max_utterance_s=28.0)
 """Pauses of 300 ms separate stretches of speech (cut points for `fast`); stretches are padded by
 200 ms so that no word loses its edges, and longer speech is cut at its quietest point by 28 s."""
+UNHEARD_SPEECH_S = 0.8
+"""Speech (by the VAD, its padding included) after a window's last segment that means the model
+stopped early and left words out (it does, at the end of long windows): that rest is decoded
+again. Padding alone is at most 0.4 s."""
 
 
 @functools.cache
@@ -40,3 +45,18 @@ def is_silent(result: Result, options: DecodeOptions) -> bool:
     if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
         return False
     return options.logprob_threshold is None or result.avg_logprob < options.logprob_threshold
+
+
+def speech_seconds(speech: list[tuple[int, int]], start: int, end: int) -> float:
+    """Seconds of `speech` (sample ranges) that fall within samples [start, end)."""
+    return sum(max(0, min(e, end) - max(s, start)) for s, e in speech) / SAMPLE_RATE
+
+
+def left_out(speech: list[tuple[int, int]], window: Window) -> int | None:
+    """Where the speech that `window`'s segments left out begins (a sample), or None when the
+    segments reach its end or only padding follows them."""
+    if not window.segments:
+        return None
+    covered = round(window.segments[-1].end * SAMPLE_RATE)
+    end = window.start + window.length
+    return covered if speech_seconds(speech, covered, end) >= UNHEARD_SPEECH_S else None

@@ -1,0 +1,142 @@
+"""Long-form transcription: WER and real-time factor of our `fast` and `accurate` modes against
+faster-whisper (sequential `transcribe` and its `BatchedInferencePipeline`) on the same CTranslate2
+weights and the same long recordings; and the throughput of N concurrent uploads.
+
+Recordings: the shared 6-minute file, plus English prompts joined with 0.5-s pauses into files of
+the given lengths (built here). WER after Whisper's English normaliser on both sides; RTF is wall
+time over audio time (lower is faster). Each system is warmed up on a short clip first.
+
+    python benchmarks/bench_longform.py                          # CPU: 6-min file and a 15-min join
+    python benchmarks/bench_longform.py --minutes 5,15,30 --systems fast,accurate,fw-seq,fw-batched
+    python benchmarks/bench_longform.py --device cuda --concurrent 32 --systems none   # GPU throughput
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+import numpy as np
+
+from common import AUDIO_DIR, concat, ct2_dir, environment, manifest, table, wer, write_json
+
+SYSTEMS = ("fast", "accurate", "fw-seq", "fw-batched")
+SAMPLE_RATE = 16000
+
+
+def recordings(minutes: list[float]) -> list[tuple[str, np.ndarray, str]]:
+    """(name, audio, reference text): the shared 6-minute file, then joins of English prompts."""
+    from streamer.audio.decode import decode_audio
+
+    long = manifest("en", folder="long/")[0]
+    out = [("asterisk_en_6min", decode_audio(long["path"]), long["text"])]
+    prompts = sorted(manifest("en"), key=lambda r: r["audio"])
+    text_of = {r["path"]: r["text"] for r in prompts}
+    for m in minutes:
+        audio, used = concat([r["path"] for r in prompts], 60 * m)
+        out.append((f"asterisk_en_join_{m:g}min", audio, " ".join(text_of[p] for p in used)))
+    return out
+
+
+def run_ours(engine, audio: np.ndarray, mode: str) -> str:
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform import transcribe_long
+
+    return asyncio.run(transcribe_long(engine, audio, mode=mode, options=DecodeOptions(language="en"))).text
+
+
+def run_faster_whisper(model, audio: np.ndarray, batched: bool) -> str:
+    if batched:
+        from faster_whisper import BatchedInferencePipeline
+
+        segments, _ = BatchedInferencePipeline(model).transcribe(audio, beam_size=1, language="en")
+    else:
+        segments, _ = model.transcribe(audio, beam_size=1, language="en", vad_filter=False,
+                                       condition_on_previous_text=True)
+    return "".join(s.text for s in segments)
+
+
+def accuracy(args, files) -> list[dict]:
+    from streamer.config import ModelConfig
+    from streamer.engine.engine import Engine
+
+    systems = [s for s in args.systems.split(",") if s in SYSTEMS]
+    engine = Engine.load(ModelConfig(model=args.model, device=args.device)) if {"fast", "accurate"} & set(systems) else None
+    fw = None
+    if {"fw-seq", "fw-batched"} & set(systems):
+        from faster_whisper import WhisperModel
+
+        fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
+    warm = files[0][1][: 20 * SAMPLE_RATE]
+    rows = []
+    for system in systems:
+        run = {"fast": lambda a: run_ours(engine, a, "fast"), "accurate": lambda a: run_ours(engine, a, "accurate"),
+               "fw-seq": lambda a: run_faster_whisper(fw, a, False),
+               "fw-batched": lambda a: run_faster_whisper(fw, a, True)}[system]
+        run(warm)
+        for name, audio, reference in files:
+            t0 = time.perf_counter()
+            text = run(audio)
+            wall = time.perf_counter() - t0
+            seconds = len(audio) / SAMPLE_RATE
+            rows.append({"file": name, "minutes": round(seconds / 60, 1), "system": system,
+                         "wer_%": wer([reference], [text], "en"), "rtf": wall / seconds, "wall_s": wall})
+            print(table(rows[-1:], list(rows[-1])), flush=True)
+    if engine is not None:
+        engine.close()
+    return rows
+
+
+def throughput(args, files) -> list[dict]:
+    """N uploads of the same recording at once through one engine, per mode: audio hours per hour."""
+    from streamer.config import ModelConfig
+    from streamer.engine.engine import Engine
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform import transcribe_long
+
+    engine = Engine.load(ModelConfig(model=args.model, device=args.device))
+    name, audio, reference = files[0]
+    rows = []
+    for mode in ("fast", "accurate"):
+        async def run(n: int):
+            return await asyncio.gather(*(transcribe_long(engine, audio, mode=mode, options=DecodeOptions(language="en"))
+                                          for _ in range(n)))
+
+        asyncio.run(run(1))  # warm-up (graphs, kernels)
+        t0 = time.perf_counter()
+        transcripts = asyncio.run(run(args.concurrent))
+        wall = time.perf_counter() - t0
+        seconds = len(audio) / SAMPLE_RATE * args.concurrent
+        rows.append({"file": name, "mode": mode, "uploads": args.concurrent, "wall_s": wall,
+                     "audio_s_per_s": seconds / wall, "wer_%": wer([reference] * len(transcripts),
+                                                                   [t.text for t in transcripts], "en")})
+        print(table(rows[-1:], list(rows[-1])), flush=True)
+    engine.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--minutes", default="15", help="lengths of the joined recordings, comma-separated ('' for none)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}; 'none' to skip")
+    parser.add_argument("--concurrent", type=int, default=0, help="also measure N concurrent uploads through the engine")
+    parser.add_argument("--out", default="bench_longform.json")
+    args = parser.parse_args()
+
+    files = recordings([float(m) for m in args.minutes.split(",") if m.strip()])
+    result = {"environment": environment(), "model": args.model, "device": args.device, "audio_dir": str(AUDIO_DIR)}
+    result["accuracy"] = accuracy(args, files)
+    if result["accuracy"]:
+        print("\n" + table(result["accuracy"], ["file", "minutes", "system", "wer_%", "rtf", "wall_s"]))
+    if args.concurrent:
+        result["throughput"] = throughput(args, files)
+        print("\n" + table(result["throughput"], ["file", "mode", "uploads", "wall_s", "audio_s_per_s", "wer_%"]))
+    print("wrote", write_json(args.out, result))
+
+
+if __name__ == "__main__":
+    main()

@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--files", type=int, default=16, help="also: this many recordings at once vs one after another")
     args = p.parse_args()
 
     import torch
@@ -55,6 +56,22 @@ def main() -> None:
     t, r = timed(run_ours, args.repeat)
     n_tokens = len(r.tokens)
     rows.append({"system": "streamer (ours) fp32", "seconds": t, "tokens": n_tokens})
+
+    # Many recordings in one call share engine steps (what `streamer transcribe a b c ...` does).
+    from streamer.audio.decode import decode_audio
+
+    clips = [decode_audio(r["path"]) for r in manifest("en")[:args.files]]
+
+    async def together():
+        return await asyncio.gather(*(engine.transcribe(c, DecodeOptions(temperatures=(0.0,))) for c in clips))
+
+    async def one_by_one():
+        return [await engine.transcribe(c, DecodeOptions(temperatures=(0.0,))) for c in clips]
+
+    t_seq, _ = timed(lambda: loop.run_until_complete(one_by_one()), 1)
+    t_all, _ = timed(lambda: loop.run_until_complete(together()), 1)
+    many = {"files": len(clips), "audio_s": sum(len(c) for c in clips) / 16000, "one_by_one_s": t_seq,
+            "together_s": t_all, "ratio": t_all / t_seq}
     engine.close()
 
     import transformers
@@ -91,9 +108,11 @@ def main() -> None:
     print(f"\n{args.model}, one {len(audio) / 16000:.1f}-s window of speech, greedy, {args.threads} threads, "
           f"median of {args.repeat}; ours_speedup = their time / ours")
     print(table(rows, ["system", "seconds", "tokens", "ours_speedup"]))
+    print(f"\n{many['files']} recordings ({many['audio_s']:.0f} s of audio): one after another {many['one_by_one_s']:.2f} s, "
+          f"all at once {many['together_s']:.2f} s (ratio {many['ratio']:.2f})")
     path = write_json(f"bench_cpu_{args.model}.json", {"command": f"python benchmarks/bench_cpu.py --model {args.model} "
                       f"--threads {args.threads} --repeat {args.repeat}", "environment": environment(),
-                      "audio_files": used, "rows": rows})
+                      "audio_files": used, "rows": rows, "many_files": many})
     print(f"wrote {path}")
 
 

@@ -29,8 +29,16 @@ def ours(model: str, rows: list[dict], language: str | None, device: str) -> tup
     engine = Engine.load(ModelConfig(model=model, device=device))
     audios = [decode_audio(r["path"]) for r in rows]
 
+    from streamer.longform import transcribe_long
+
+    async def one(audio):
+        if len(audio) <= 30 * 16000:
+            return await engine.transcribe(audio, DecodeOptions(language=language))
+        # The few recordings over 30 s go through long-form (sequential windows, as faster-whisper does).
+        return await transcribe_long(engine, audio, mode="accurate", options=DecodeOptions(language=language))
+
     async def run():
-        return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(language=language)) for a in audios))
+        return await asyncio.gather(*(one(a) for a in audios))
 
     t0 = time.perf_counter()
     results = asyncio.run(run())

@@ -31,7 +31,7 @@ from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
-from streamer.server import files, realtime, webrtc
+from streamer.server import files, realtime
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.state import ServerState
@@ -68,12 +68,23 @@ async def warm_up(engine: Engine) -> None:
     await engine.transcribe(np.zeros(16000, np.float32), DecodeOptions(), priority=Priority.FINAL)
 
 
+def _webrtc():
+    """The WebRTC module, or None where aiortc cannot be imported (the other transports still serve)."""
+    try:
+        from streamer.server import webrtc
+    except ImportError as e:
+        log.warning("WebRTC ingest disabled: %s", e)
+        return None
+    return webrtc
+
+
 def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     """The gateway. With `engine` given (tests), the caller owns it; otherwise the lifespan loads,
     warms up and finally closes one."""
     metrics_ = Metrics(lambda: state.engine.metrics() if state.engine is not None else None)
+    webrtc = _webrtc()
     state = ServerState(settings=settings, engine=engine, vad=SileroVAD(), metrics=metrics_,
-                        ice_servers=webrtc.ice_servers_from_env(os.environ))
+                        ice_servers=webrtc.ice_servers_from_env(os.environ) if webrtc else [])
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -95,7 +106,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         Route("/metrics", metrics),
         WebSocketRoute("/v1/stream", stream_endpoint),
         WebSocketRoute("/v1/realtime", realtime.realtime_endpoint),
-        *webrtc.routes,
+        *(webrtc.routes if webrtc else []),
         *files.routes,
         Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"),
     ]

@@ -2,7 +2,7 @@
 
 Same weights (tiny.en from its CTranslate2 bundle; transformers gets them through a Hugging Face
 directory we write), same audio, greedy, fp32 (faster-whisper int8 as well, for reference),
-2 threads. Times exclude model loading; each is the median of --repeat runs after one warm-up.
+2 threads. Times exclude model loading: one warm-up each, then --repeat interleaved rounds.
 
     python benchmarks/bench_cpu.py [--model tiny.en] [--threads 2] [--repeat 3]
 """
@@ -46,16 +46,55 @@ def main() -> None:
 
     audio, used = concat([r["path"] for r in manifest("en")[40:]], 29.0)
     loaded = load_model(args.model)
-    engine = Engine(loaded, EngineConfig(max_slots=4))
+    engine = Engine(loaded, EngineConfig())  # the CPU defaults `streamer transcribe` uses (16 slots)
     loop = asyncio.new_event_loop()
 
     def run_ours():
         return loop.run_until_complete(engine.transcribe(audio, DecodeOptions(temperatures=(0.0,))))
 
+    import transformers
+
+    with tempfile.TemporaryDirectory() as d:
+        save_hf_checkpoint(loaded, d)
+        hf = transformers.WhisperForConditionalGeneration.from_pretrained(d, attn_implementation="sdpa").eval()
+    fe = transformers.WhisperFeatureExtractor(feature_size=loaded.dims.n_mels)
+
+    def run_hf():
+        with torch.inference_mode():
+            feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
+            return hf.generate(feats, max_new_tokens=224)
+
+    from faster_whisper import WhisperModel
+
+    def fw_runner(compute):
+        fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type=compute, cpu_threads=args.threads)
+
+        def run():
+            segs, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=False, without_timestamps=True,
+                                    temperature=0.0)
+            return [s for s in segs]
+        return run
+
+    systems = {"streamer (ours) fp32": run_ours, "transformers generate fp32": run_hf,
+               "faster-whisper float32": fw_runner("float32"), "faster-whisper int8": fw_runner("int8")}
+    outputs = {name: fn() for name, fn in systems.items()}  # warm-up
+    # Interleaved rounds (A B C D, A B C D, ...): on a shared machine the load drifts, and each
+    # round's ratios compare systems under the same conditions.
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(args.repeat):
+        for name, fn in systems.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    ours_times = times["streamer (ours) fp32"]
+    tokens = {"streamer (ours) fp32": len(outputs["streamer (ours) fp32"].tokens),
+              "transformers generate fp32": outputs["transformers generate fp32"].shape[1]}
     rows = []
-    t, r = timed(run_ours, args.repeat)
-    n_tokens = len(r.tokens)
-    rows.append({"system": "streamer (ours) fp32", "seconds": t, "tokens": n_tokens})
+    for name in systems:
+        ratios = [theirs / ours for theirs, ours in zip(times[name], ours_times)]
+        rows.append({"system": name, "seconds": statistics.median(times[name]), "min_s": min(times[name]),
+                     "max_s": max(times[name]), "tokens": tokens[name] if name in tokens else sum(len(x.tokens) for x in outputs[name]),
+                     "ours_speedup": statistics.median(ratios)})
 
     # Many recordings in one call share engine steps (what `streamer transcribe a b c ...` does).
     from streamer.audio.decode import decode_audio
@@ -74,40 +113,9 @@ def main() -> None:
             "together_s": t_all, "ratio": t_all / t_seq}
     engine.close()
 
-    import transformers
-
-    with tempfile.TemporaryDirectory() as d:
-        save_hf_checkpoint(loaded, d)
-        hf = transformers.WhisperForConditionalGeneration.from_pretrained(d, attn_implementation="sdpa").eval()
-    fe = transformers.WhisperFeatureExtractor(feature_size=loaded.dims.n_mels)
-
-    def run_hf():
-        with torch.inference_mode():
-            feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
-            return hf.generate(feats, max_new_tokens=224)
-
-    t, out = timed(run_hf, args.repeat)
-    rows.append({"system": "transformers generate fp32", "seconds": t, "tokens": out.shape[1]})
-
-    from faster_whisper import WhisperModel
-
-    for compute in ("float32", "int8"):
-        fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type=compute, cpu_threads=args.threads)
-
-        def run_fw():
-            segs, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=False, without_timestamps=True,
-                                    temperature=0.0)
-            return [s for s in segs]
-
-        t, segs = timed(run_fw, args.repeat)
-        rows.append({"system": f"faster-whisper {compute}", "seconds": t, "tokens": sum(len(s.tokens) for s in segs)})
-
-    ours = rows[0]["seconds"]
-    for r in rows:
-        r["ours_speedup"] = r["seconds"] / ours
     print(f"\n{args.model}, one {len(audio) / 16000:.1f}-s window of speech, greedy, {args.threads} threads, "
-          f"median of {args.repeat}; ours_speedup = their time / ours")
-    print(table(rows, ["system", "seconds", "tokens", "ours_speedup"]))
+          f"{args.repeat} interleaved rounds; median seconds; ours_speedup = median over rounds of their time / ours")
+    print(table(rows, ["system", "seconds", "min_s", "max_s", "tokens", "ours_speedup"]))
     print(f"\n{many['files']} recordings ({many['audio_s']:.0f} s of audio): one after another {many['one_by_one_s']:.2f} s, "
           f"all at once {many['together_s']:.2f} s (ratio {many['ratio']:.2f})")
     path = write_json(f"bench_cpu_{args.model}.json", {"command": f"python benchmarks/bench_cpu.py --model {args.model} "

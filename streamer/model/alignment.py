@@ -24,6 +24,7 @@ from torch import Tensor
 from streamer.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
 from streamer.engine.request import Word
 from streamer.model.weights import LoadedModel
+from streamer.model.whisper import _merge_heads, _split_heads
 
 FRAMES_PER_SECOND = SAMPLE_RATE // (2 * HOP_LENGTH)
 """Encoder frames per second (50: the encoder's second convolution halves the 100 mel frames)."""
@@ -126,29 +127,17 @@ def _cross_attention(loaded: LoadedModel, mel: Tensor, tokens: Tensor) -> tuple[
     captured = []
     for i, block in enumerate(dec.blocks):
         n = block.n_head
-        q, k, v = (_heads(y, n) for y in block.qkv(block.attn_ln(x)).chunk(3, dim=-1))
-        x = x + block.attn_out(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
-        q = _heads(block.cross_q(block.cross_ln(x)), n)
-        k, v = (_heads(y, n) for y in block.cross_kv(audio).chunk(2, dim=-1))
-        x = x + block.cross_out(_merge(F.scaled_dot_product_attention(q, k, v)))
+        q, k, v = (_split_heads(y, n) for y in block.qkv(block.attn_ln(x)).chunk(3, dim=-1))
+        x = x + block.attn_out(_merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        q = _split_heads(block.cross_q(block.cross_ln(x)), n)
+        k, v = (_split_heads(y, n) for y in block.cross_kv(audio).chunk(2, dim=-1))
+        x = x + block.cross_out(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
         if i in heads_of:
             h = heads_of[i]
             # Explicitly for the few heads we need; SDPA above never materialises the weights.
             captured.append(q[:, h].float() @ k[:, h].float().transpose(-1, -2) * q.shape[-1] ** -0.5)
         x = x + block.fc2(F.gelu(block.fc1(block.mlp_ln(x))))
     return torch.cat(captured, dim=1), x
-
-
-def _heads(x: Tensor, n_head: int) -> Tensor:
-    # [B, T, D] -> [B, H, T, Dh]
-    b, t, d = x.shape
-    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
-
-
-def _merge(x: Tensor) -> Tensor:
-    # [B, H, T, Dh] -> [B, T, D]
-    b, h, t, dh = x.shape
-    return x.transpose(1, 2).reshape(b, t, h * dh)
 
 
 def median_filter(x: Tensor, width: int) -> Tensor:

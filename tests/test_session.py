@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from streamer.audio.decode import decode_audio
+
 from streamer.audio.vad import FRAME, SileroVAD, speech_segments
 from streamer.config import StreamingConfig, VADConfig
 from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
@@ -20,17 +22,6 @@ LONG = "long/asterisk_en_6min.ogg"
 
 
 def decode(path) -> np.ndarray:
-    """16 kHz mono float32 through the project's decoder, or PyAV directly until it lands."""
-    try:
-        from streamer.audio.decode import decode_audio
-    except ImportError:
-        import av
-
-        with av.open(str(path)) as container:
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
-            chunks = [f.to_ndarray().reshape(-1) for frame in container.decode(audio=0) for f in resampler.resample(frame)]
-            chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-        return np.concatenate(chunks).astype(np.float32)
     return decode_audio(str(path))
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from streamer.audio.decode import decode_audio
-
 from streamer.audio.vad import FRAME, SileroVAD, speech_segments
 from streamer.config import StreamingConfig, VADConfig
 from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow

@@ -23,6 +23,7 @@ from streamer.server.app import create_app, running
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 KEY = "test-key"
+pytestmark = pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the client marks translations so
 normalize = EnglishTextNormalizer()
 
 

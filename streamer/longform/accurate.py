@@ -1,13 +1,15 @@
 """accurate: openai/whisper's sequential seek, one window after another, each conditioned on the text
 before it.
 
-A window of 30 s starts at `seek`; it is decoded with segment timestamps and the text so far as
-prompt. Segments closed by a timestamp pair are kept; the window's last segment is kept too when the
-text ends on a single timestamp (the model says the speech ended there), and then the whole window
-is consumed. Otherwise the text after the last complete segment is dropped and `seek` moves to that
-segment's end, so a word cut by the window edge is decoded again whole, at the start of the next
-window. A recording is one chain of windows; many recordings run as concurrent chains whose
-windows share the engine's steps.
+A window starts at `seek` and ends at the last pause (silero-vad) within 30 s; it is decoded with
+segment timestamps and the text so far as prompt. Segments closed by a timestamp pair are kept;
+the last segment is kept too when the text ends on a single timestamp (the model says the speech
+ended there), and then the whole window is consumed. Otherwise the text after the last complete
+segment is dropped and `seek` moves to that segment's end, so a word cut by the window's edge is
+decoded again whole at the start of the next window; likewise when the VAD hears speech after the
+last segment (the model stopped early). Audio without speech is jumped over, never decoded. A
+recording is one chain of windows; many recordings run as concurrent chains whose windows share the
+engine's steps. docs/longform.md has the details and measurements.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import numpy as np
 
 from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
-from streamer.longform.speech import find_speech, is_silent, left_out
 from streamer.longform.decode import decode_window
+from streamer.longform.speech import find_speech, is_silent, left_out
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer

@@ -26,6 +26,9 @@ from streamer.model.decoding import needs_fallback
 FILE_QUEUE_SHARE = 0.5
 """File windows may fill at most this share of the engine's queue: the rest stays free for live
 streams, whose finals must never be refused because uploads arrived first."""
+PROMPT_SLACK = 4
+"""The start-of-transcript tokens that share the context with a full prompt: a decode this close to
+its token budget ran out of tokens rather than ending by itself."""
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 """A recording under way waits for queue room with backoff between these delays."""
@@ -71,8 +74,9 @@ async def decode_window(engine: Engine, audio: np.ndarray, options: DecodeOption
         if not needs_fallback(text, result.avg_logprob, result.no_speech_prob, options):
             return result
         attempts.append(result)
+    budget = min(options.max_new_tokens or engine.config.max_new_tokens, engine.loaded.dims.n_text_ctx // 2) - PROMPT_SLACK
     threshold = options.compression_ratio_threshold
-    unlooped = [r for r in attempts if threshold is None or r.compression_ratio <= threshold]
+    unlooped = [r for r in attempts if threshold is None or r.compression_ratio <= threshold or len(r.tokens) < budget]
     return max(unlooped or attempts, key=lambda r: r.avg_logprob)
 
 

@@ -3,10 +3,12 @@
 silero-vad finds the speech; consecutive stretches of speech are packed into windows of at most
 30 s (a stretch longer than that was already cut by the VAD at the quietest point of its last
 seconds), so every cut lies in a pause and no word straddles two windows: the windows need no
-overlap and the texts join without deduplication. Audio between windows is non-speech and is not
-decoded at all. All windows are in the engine at once (up to MAX_IN_FLIGHT per recording), so
-they share encoder batches and decoder steps; each is decoded without the previous text as prompt,
-which is the price of the parallelism (see `accurate`).
+overlap and the texts join without deduplication. Audio between windows holds no speech and is not
+decoded. All windows are in the engine at once (up to MAX_IN_FLIGHT per recording), so they share
+encoder batches and decoder steps; each is decoded without the previous text as prompt, the price
+of the parallelism (see `accurate`). Whisper sometimes stops a long window early and leaves its
+last sentences out: when the VAD hears speech after a window's last segment, that rest is decoded
+as one more window, in parallel with the others.
 """
 
 from __future__ import annotations

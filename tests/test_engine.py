@@ -154,3 +154,13 @@ def test_beam_search_shares_steps_with_greedy(tiny, manifest):
     assert [r.tokens for r in alone] == [r.tokens for r in beams[:2]]
     for b, g in zip(beams, greedies):
         assert b.text and b.avg_logprob >= g.avg_logprob - 1e-6
+
+
+def test_silence_rule_keeps_real_sentences():
+    from streamer.model.decoding import is_silence
+
+    opts = DecodeOptions()
+    assert is_silence(-0.3, 0.95, opts, " you")  # the classic hallucination on silence
+    assert not is_silence(-0.3, 0.91, opts, " Please enter your password, followed by the pound key.")
+    assert is_silence(-1.5, 0.7, opts, " Please enter your password.")  # openai's rule
+    assert not is_silence(-0.3, 0.5, opts, " you")

@@ -336,7 +336,7 @@ class Engine:
         avg_logprob = seq.sum_logprob / max(1, len(seq.tokens))
         ratio = compression_ratio(text)
         segments = []
-        if not is_silence(avg_logprob, seq.no_speech_prob, req.options):
+        if not is_silence(avg_logprob, seq.no_speech_prob, req.options, text):
             for i, (start, end, seg_tokens) in enumerate(split_segments(tokens, tok, duration)):
                 seg_text = tok.decode(seg_tokens)
                 if seg_text.strip():

@@ -17,10 +17,12 @@ from torch import Tensor
 from streamer.model.tokenizer import Tokenizer
 
 MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp may not be later (openai's default)
-# Above this no-speech probability a window is silence even when its text is confidently decoded:
-# Whisper's classic hallucination on silence ("you", "Thank you.") comes with a high log-prob.
-# Real speech measured here stays far below (jfk.ogg: 0.03; digital silence: 0.95).
+# Above this no-speech probability a window of at most SILENCE_WORDS words is silence even when its
+# text is confidently decoded: Whisper's classic hallucination on silence ("you", "Thank you.")
+# comes with a high log-prob (digital silence: 0.95). Longer text is kept: tiny.en scores some clear
+# speech of long recordings at 0.77-0.91, so the probability alone would drop real words.
 NO_SPEECH_CERTAIN = 0.9
+SILENCE_WORDS = 2
 NEG_INF = float("-inf")
 
 
@@ -158,12 +160,13 @@ def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options
     return options.logprob_threshold is not None and avg_logprob < options.logprob_threshold
 
 
-def is_silence(avg_logprob: float, no_speech_prob: float, options) -> bool:
-    """No speech: the no-speech probability is high and the text is not confidently decoded,
-    or the no-speech probability is near certain."""
+def is_silence(avg_logprob: float, no_speech_prob: float, options, text: str | None = None) -> bool:
+    """No speech: the no-speech probability is high and the text is not confidently decoded, or
+    the no-speech probability is near certain and the text a word or two."""
     if options.no_speech_threshold is None or no_speech_prob <= options.no_speech_threshold:
         return False
-    if no_speech_prob > max(NO_SPEECH_CERTAIN, options.no_speech_threshold):
+    if text is not None and no_speech_prob > max(NO_SPEECH_CERTAIN, options.no_speech_threshold) \
+            and len(text.split()) <= SILENCE_WORDS:
         return True
     return options.logprob_threshold is None or avg_logprob < options.logprob_threshold
 

@@ -17,26 +17,16 @@ Outputs are poisoned with NaN before each run, and NaN never passes a comparison
 
 from __future__ import annotations
 
-import importlib
-import os
 
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-ON_CUDA = torch.cuda.is_available()
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # before cuda_ops defines its kernels
-
+ON_CUDA = torch.cuda.is_available()  # else tests/kernels/conftest.py has set up Triton's interpreter
 triton = pytest.importorskip("triton")
 
-from cuda_ops import fp8, layernorm, precision  # noqa: E402
-
-if not ON_CUDA and type(fp8._quantize_rows_kernel).__name__ != "InterpretedFunction":
-    # cuda_ops was imported before TRITON_INTERPRET was set: define its kernels again
-    fp8 = importlib.reload(fp8)
-    layernorm = importlib.reload(layernorm)
+from cuda_ops import fp8, layernorm, precision
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="needs CUDA (torch._scaled_mm on FP8 tensor cores)")

@@ -77,15 +77,37 @@ async def send_paced(append, pcm: bytes) -> None:
 
 
 async def collect(connection, sender: asyncio.Task) -> list[dict]:
-    """Events until the audio is sent and every started item is committed and completed."""
+    """Events until the audio is sent and every started item is committed and completed.
+
+    The check runs on each event and once more when the sender finishes: the last item can
+    complete while the tail of silence is still being sent, and then no event follows."""
     events: list[dict] = []
-    async for event in connection:
-        events.append(event.to_dict())
+    changed = asyncio.Event()
+
+    async def read() -> None:
+        async for event in connection:
+            events.append(event.to_dict())
+            changed.set()
+
+    def finished() -> bool:
         kinds = [e["type"] for e in events]
         started = kinds.count("input_audio_buffer.speech_started")
-        if sender.done() and started and kinds.count("input_audio_buffer.committed") == started == kinds.count(COMPLETED):
-            return events
-    raise AssertionError(f"connection closed early: {events[-3:]}")
+        return bool(started) and kinds.count("input_audio_buffer.committed") == started == kinds.count(COMPLETED)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        await sender
+        while not finished():
+            if reader.done():
+                reader.result()  # a connection error, if that is how it ended
+                raise AssertionError(f"connection closed early: {events[-3:]}")
+            changed.clear()
+            waiter = asyncio.ensure_future(changed.wait())
+            await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        return events
+    finally:
+        reader.cancel()
 
 
 async def ga_client(base: str, pcm: bytes) -> list[dict]:

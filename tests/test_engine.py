@@ -164,3 +164,50 @@ def test_silence_rule_keeps_real_sentences():
     assert not is_silence(-0.3, 0.91, opts, " Please enter your password, followed by the pound key.")
     assert is_silence(-1.5, 0.7, opts, " Please enter your password.")  # openai's rule
     assert not is_silence(-0.3, 0.5, opts, " you")
+
+
+def test_when_every_temperature_fails_the_best_attempt_is_kept(engine, jfk_path):
+    """A log-probability threshold of 0 fails every attempt; the greedy one is the likeliest, where
+    openai's rule would keep the last, hottest sample."""
+    options = DecodeOptions(temperatures=(0.0, 0.6, 1.0), logprob_threshold=0.0, no_speech_threshold=None)
+    result = asyncio.run(engine.transcribe(decode_audio(jfk_path), options))
+    assert result.temperature == 0.0 and not result.truncated
+    assert result.text == ("And so my fellow Americans ask not what your country can do for you, "
+                           "ask what you can do for your country.")
+
+
+def test_best_attempt_skips_loops_that_ran_to_the_token_limit():
+    from streamer.engine.request import Result
+    from streamer.model.decoding import best_attempt
+
+    def attempt(lp, ratio, truncated, t):
+        return Result("r", "", [], [], "en", lp, 0.1, ratio, t, 1.0, truncated=truncated)
+
+    loop = attempt(-0.1, 5.0, True, 0.0)  # likeliest, but a loop cut by the limit
+    repeated = attempt(-0.5, 3.0, False, 0.2)  # repeats itself, yet ended by itself
+    random = attempt(-0.9, 1.5, False, 1.0)
+    assert best_attempt([loop, repeated, random], 2.4) is repeated
+    assert best_attempt([loop], 2.4) is loop  # nothing better: keep what there is
+    assert best_attempt([loop, random], None) is loop
+
+
+def test_prompt_tokens_are_fed_verbatim(engine, jfk_path):
+    """Tokens as prompt equal the same text as prompt; ids the model cannot take are refused."""
+    audio = decode_audio(jfk_path)
+    tok = engine.tokenizer
+    text = "Kennedy's inaugural address, January 1961."
+
+    async def main():
+        by_text = await engine.transcribe(audio, DecodeOptions(prompt=text, timestamps=True))
+        by_tokens = await engine.transcribe(audio, DecodeOptions(prompt_tokens=tok.encode(" " + text), timestamps=True))
+        stamped = await engine.transcribe(audio, DecodeOptions(prompt_tokens=by_text.tokens, timestamps=True))
+        return by_text, by_tokens, stamped
+
+    by_text, by_tokens, stamped = asyncio.run(main())
+    assert by_tokens.tokens == by_text.tokens
+    assert any(t >= tok.timestamp_begin for t in by_text.tokens)  # a prompt with timestamps in it
+    assert "ask not what your country" in stamped.text
+    with pytest.raises(ValueError, match="not both"):
+        DecodeOptions(prompt="a", prompt_tokens=[1])
+    with pytest.raises(ValueError, match="text or timestamp tokens"):
+        engine.submit(audio, DecodeOptions(prompt_tokens=[tok.eot]))

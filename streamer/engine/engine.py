@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from streamer.config import EngineConfig, ModelConfig
-from streamer.engine.request import DecodeOptions, Priority, Request, RequestState, Result, Segment
+from streamer.engine.request import DecodeOptions, Priority, Request, RequestState, Result
+from streamer.types import Segment
 from streamer.engine.beam import MAX_BEAM
 from streamer.engine.runner import Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
-from streamer.model.decoding import compression_ratio, is_silence, needs_fallback, split_segments
+from streamer.model.decoding import best_attempt, compression_ratio, is_silence, needs_fallback, split_segments
 from streamer.model.weights import LoadedModel, load_model
 from streamer.model.whisper import KVCache
 
@@ -73,6 +74,8 @@ class Handle:
         self.future: asyncio.Future[Result] = loop.create_future()
         self.submitted = time.monotonic()
         self._tokens: asyncio.Queue | None = asyncio.Queue() if stream_tokens else None
+        self.attempts: list[Result] = []
+        """Results of the attempts that failed the fallback checks (engine thread only)."""
 
     async def result(self) -> Result:
         return await asyncio.shield(self.future)
@@ -185,15 +188,17 @@ class Engine:
                priority: Priority = Priority.FILE, session_id: str | None = None, features=None,
                stream_tokens: bool = False) -> Handle:
         """Queue one window (≤ 30 s); must be called from a running event loop. Raises QueueFull."""
-        loop = asyncio.get_running_loop()
         if self._closed:
             raise EngineClosed("the engine is shutting down")
-        now = time.monotonic()
         options = options or DecodeOptions()
         if options.language is not None and self.tokenizer.multilingual:
             self.tokenizer.language_token(options.language)  # ValueError now, not in the model thread
         if options.beam_size > MAX_BEAM:
             raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
+        if options.prompt_tokens:
+            self.tokenizer.prompt_from_tokens(options.prompt_tokens, 2)  # ValueError for ids it cannot take
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
         request = Request(id=f"w{next(self._ids)}", audio=None if audio is None else np.asarray(audio, np.float32),
                           features=features, options=options, priority=priority, session_id=session_id,
                           deadline=now + ADMISSION_DEADLINE_S[priority], arrival=now)
@@ -300,19 +305,25 @@ class Engine:
         m.step_times.append(dt)
 
     def _complete(self, seq: Sequence) -> None:
-        """Turn a finished sequence into a Result, or retry it hotter (temperature fallback)."""
+        """Turn a finished sequence into a Result, or retry it hotter (temperature fallback).
+
+        When every temperature fails the checks, the best attempt is kept (`best_attempt`), not
+        the hottest one as openai/whisper does: speech that repeats itself legitimately can fail
+        the compression check at every temperature, and the hottest sample is then random text."""
         req = seq.request
         opts = req.options
         result = self.build_result(seq)
-        if req.attempt + 1 < len(opts.temperatures) and not self._closed and \
-                needs_fallback(result.text, result.avg_logprob, result.no_speech_prob, opts):
-            # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
-            retry = dataclasses.replace(req, id=f"{req.id.split('.')[0]}.{req.attempt + 1}", attempt=req.attempt + 1,
-                                        temperature=opts.temperatures[req.attempt + 1], state=RequestState.QUEUED,
-                                        options=dataclasses.replace(opts, beam_size=1), n_slots=1)
-            with self._cond:
-                handle = self._handles.pop(req.id, None)
-                if handle is not None:
+        with self._cond:
+            handle = self._handles.pop(req.id, None)
+        failed = needs_fallback(self.tokenizer.decode(result.tokens), result.avg_logprob, result.no_speech_prob, opts)
+        if failed and handle is not None:
+            handle.attempts.append(result)
+            if req.attempt + 1 < len(opts.temperatures) and not self._closed:
+                # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
+                retry = dataclasses.replace(req, id=f"{req.id.split('.')[0]}.{req.attempt + 1}", attempt=req.attempt + 1,
+                                            temperature=opts.temperatures[req.attempt + 1], state=RequestState.QUEUED,
+                                            options=dataclasses.replace(opts, beam_size=1), n_slots=1)
+                with self._cond:
                     handle.request = retry
                     try:
                         self.scheduler.add(retry)
@@ -320,11 +331,8 @@ class Engine:
                         self._cond.notify()
                         return
                     except QueueFull:
-                        pass  # keep this attempt's result rather than fail the request
-            self._finish(handle, result=result)
-            return
-        with self._cond:
-            handle = self._handles.pop(req.id, None)
+                        pass  # no room for a retry: settle with the attempts so far
+            result = best_attempt(handle.attempts, opts.compression_ratio_threshold)
         self._finish(handle, result=result)
 
     def build_result(self, seq: Sequence) -> Result:
@@ -346,7 +354,8 @@ class Engine:
         text = "".join(s.text for s in segments)
         return Result(request_id=req.id.split(".")[0], text=text.strip(), tokens=tokens, segments=segments,
                       language=seq.language, avg_logprob=avg_logprob, no_speech_prob=seq.no_speech_prob,
-                      compression_ratio=ratio, temperature=req.temperature, duration=duration)
+                      compression_ratio=ratio, temperature=req.temperature, duration=duration,
+                      truncated=not seq.tokens or seq.tokens[-1] != tok.eot)
 
     def _finish(self, handle: Handle | None, result: Result | None = None, error: Exception | None = None) -> None:
         if handle is None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
+from streamer.types import Segment, Word  # noqa: F401  (part of this module's interface)
+
 SAMPLE_RATE = 16000
 """Whisper's input rate; the gateway resamples everything to it."""
 WINDOW_SECONDS = 30
@@ -57,6 +59,9 @@ class DecodeOptions:
     """Language code such as `en`; None detects it from the audio."""
     prompt: str | None = None
     """Previous text to condition on (Whisper's `<|startofprev|>` context)."""
+    prompt_tokens: tuple[int, ...] | None = None
+    """Previous tokens fed verbatim after `<|startofprev|>` instead of `prompt` (the last 223 are
+    kept), timestamp tokens included, as openai/whisper's long-form loop feeds its own output back."""
     prefix: str | None = None
     """Text forced at the start of this window's output."""
     timestamps: bool = False
@@ -85,6 +90,12 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, not {self.task!r}")
+        if self.prompt_tokens is not None:
+            if self.prompt:
+                raise ValueError("give prompt or prompt_tokens, not both")
+            object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+            if any(t < 0 for t in self.prompt_tokens):
+                raise ValueError("prompt_tokens must be token ids (>= 0)")
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, not {self.beam_size}")
         # A list would make the options unhashable; take any sequence and keep a tuple.
@@ -150,38 +161,6 @@ class Request:
 
 
 @dataclass
-class Word:
-    """One word with its time span in seconds from the start of the audio."""
-
-    start: float
-    end: float
-    word: str
-    """The word as decoded, with its leading space."""
-    probability: float
-    """Mean probability of its tokens."""
-
-
-@dataclass
-class Segment:
-    """A stretch of text between two timestamp tokens (the whole window without timestamps)."""
-
-    id: int
-    start: float
-    """Seconds from the start of the audio."""
-    end: float
-    text: str
-    tokens: list[int]
-    """Text tokens, without special tokens."""
-    avg_logprob: float
-    no_speech_prob: float
-    compression_ratio: float
-    temperature: float
-    """Temperature of the attempt that produced it."""
-    words: list[Word] | None = None
-    """Present when word timestamps were asked for."""
-
-
-@dataclass
 class Result:
     """What a request produced."""
 
@@ -198,6 +177,8 @@ class Result:
     """Temperature of the accepted attempt."""
     duration: float
     """Seconds of audio in the window."""
+    truncated: bool = False
+    """The decode stopped at its token limit instead of ending with end-of-text (a loop does)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, ready for `json.dumps`."""

@@ -273,7 +273,10 @@ class Runner:
         seqs, groups = [], {}
         for r, language in zip(expanded, languages):
             opts = r.options
-            prompt = self.tok.prompt_tokens(opts.prompt, self.dims.n_text_ctx // 2)
+            if opts.prompt_tokens:
+                prompt = self.tok.prompt_from_tokens(opts.prompt_tokens, self.dims.n_text_ctx // 2)
+            else:
+                prompt = self.tok.prompt_tokens(opts.prompt, self.dims.n_text_ctx // 2)
             initial = prompt + self.tok.sot_sequence(language, opts.task, opts.timestamps)
             if opts.prefix:
                 initial += self.tok.encode(" " + opts.prefix.strip())

@@ -2,7 +2,7 @@
 before it.
 
 A window starts at `seek` and ends at the last pause (silero-vad) within 30 s; it is decoded with
-segment timestamps and the text so far as prompt. Segments closed by a timestamp pair are kept;
+segment timestamps and the tokens so far as prompt. Segments closed by a timestamp pair are kept;
 the last segment is kept too when the text ends on a single timestamp (the model says the speech
 ended there), and then the whole window is consumed. Otherwise the text after the last complete
 segment is dropped and `seek` moves to that segment's end, so a word cut by the window's edge is
@@ -30,15 +30,15 @@ from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
 
 PROMPT_RESET_TEMPERATURE = 0.5
 """A window that needed a hotter retry than this is likely garbled: do not feed it as prompt."""
-MAX_PROMPT_CHARS = 2000
-"""The prompt keeps at most 223 tokens; this much text is comfortably more than that."""
+MAX_PROMPT_TOKENS = 223
+"""Whisper's context holds half its 448 positions for the prompt: `<|startofprev|>` and 223 more."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
 
 
-def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) -> tuple[list[tuple[float, float, list[int]]], float]:
-    """(start, end, text tokens) of the segments to keep from a window's sampled `tokens`, and how
-    far (seconds) to advance the seek.
+def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) -> tuple[list[tuple[float, float, list[int]]], float, int]:
+    """(start, end, text tokens) of the segments to keep from a window's sampled `tokens`, how far
+    (seconds) to advance the seek, and how many of `tokens` the kept segments span.
 
     Timestamp pairs `<|a|><|b|>` close one segment and open the next. If the tokens end with text
     (no closing timestamp: the window edge cut it, or the token limit), that text is dropped and
@@ -58,10 +58,10 @@ def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) 
                           [t for t in piece if t < tokenizer.eot]))
             last = cut
         advance = window_s if single_ending else tokenizer.time_of(tokens[last - 1])
-        return spans, advance
+        return spans, advance, last
     stamps = [t for t in tokens if t >= tb]
     end = tokenizer.time_of(stamps[-1]) if stamps and stamps[-1] != tb else window_s
-    return [(tokenizer.time_of(stamps[0]) if stamps and is_ts[0] else 0.0, end, [t for t in tokens if t < tokenizer.eot])], window_s
+    return [(tokenizer.time_of(stamps[0]) if stamps and is_ts[0] else 0.0, end, [t for t in tokens if t < tokenizer.eot])], window_s, len(tokens)
 
 
 def _window_end(speech: list[tuple[int, int]], first: int, seek: int, n: int) -> int:
@@ -84,7 +84,11 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
     n = len(audio)
     speech = await asyncio.to_thread(find_speech, audio)
     language = options.language if tok.multilingual else "en"
-    prompt = options.prompt or ""  # text since the last reset; the caller's prompt opens it
+    # Tokens kept since the last reset, timestamps included, fed back verbatim as openai/whisper
+    # does: a prompt with timestamps keeps the model writing sentence-sized segments, one without
+    # them drifts to long segments that now and then skip a repeated sentence. The caller's prompt
+    # opens it.
+    prompt = tok.encode(" " + options.prompt.strip()) if options.prompt and options.prompt.strip() else []
     windows: list[Window] = []
     seek, next_speech = 0, 0
     while True:
@@ -97,21 +101,23 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         if n - seek < MIN_WINDOW_S * SAMPLE_RATE:
             break
         window = Window(start=seek, length=_window_end(speech, next_speech, seek, n) - seek)
-        opts = dataclasses.replace(options, timestamps=True, language=language, prompt=prompt or None)
+        opts = dataclasses.replace(options, timestamps=True, language=language, prompt=None,
+                                   prompt_tokens=tuple(prompt[-MAX_PROMPT_TOKENS:]) or None)
         result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
         advance = window_s
         if not is_silent(result, options):
-            spans, advance = complete_segments(result.tokens, tok, window_s)
+            spans, advance, consumed = complete_segments(result.tokens, tok, window_s)
             window.segments = make_segments(spans, result, tok, window)
             resume = left_out(speech, window)
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)
             if result.temperature > PROMPT_RESET_TEMPERATURE:
-                prompt = ""
-            else:
-                prompt = (prompt + "".join(s.text for s in window.segments))[-MAX_PROMPT_CHARS:]
+                prompt = []
+            elif window.segments:
+                prompt = (prompt + [t for t in result.tokens[:consumed] if t < tok.eot or t >= tok.timestamp_begin])
+                prompt = prompt[-MAX_PROMPT_TOKENS:]
         # The seek always moves on, so a window that ends on its first timestamp cannot loop.
         seek += max(round(advance * SAMPLE_RATE), round(TIME_PRECISION * SAMPLE_RATE))
         windows.append(window)

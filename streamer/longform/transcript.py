@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from streamer.audio.features import HOP_LENGTH
-from streamer.engine.request import SAMPLE_RATE, Result, Word
+from streamer.engine.request import SAMPLE_RATE, Result
+from streamer.types import Word
 
 
 @dataclass

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from streamer.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
-from streamer.engine.request import Word
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import _merge_heads, _split_heads
+from streamer.types import Word
 
 FRAMES_PER_SECOND = SAMPLE_RATE // (2 * HOP_LENGTH)
 """Encoder frames per second (50: the encoder's second convolution halves the 100 mel frames)."""

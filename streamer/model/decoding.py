@@ -160,6 +160,17 @@ def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options
     return options.logprob_threshold is not None and avg_logprob < options.logprob_threshold
 
 
+def best_attempt(attempts: list, compression_ratio_threshold: float | None):
+    """The result to keep when every temperature failed the fallback checks: the likeliest
+    (average log-probability) of the attempts that do not look like a repetition loop, i.e. whose
+    compression ratio is under the threshold or whose text ended by itself before the token limit
+    (a loop runs to the limit; phrases that legitimately repeat end). faster-whisper keeps the best
+    attempt too; openai/whisper keeps the last, hottest one."""
+    threshold = compression_ratio_threshold
+    unlooped = [r for r in attempts if threshold is None or r.compression_ratio <= threshold or not r.truncated]
+    return max(unlooped or attempts, key=lambda r: r.avg_logprob)
+
+
 def is_silence(avg_logprob: float, no_speech_prob: float, options, text: str | None = None) -> bool:
     """No speech: the no-speech probability is high and the text is not confidently decoded, or
     the no-speech probability is near certain and the text a word or two."""

@@ -89,7 +89,15 @@ class Tokenizer:
         """`<|startofprev|>` + the last `max_tokens - 1` tokens of the previous text."""
         if not prompt or not prompt.strip():
             return []
-        tokens = self.encode(" " + prompt.strip())
+        return self.prompt_from_tokens(self.encode(" " + prompt.strip()), max_tokens)
+
+    def prompt_from_tokens(self, tokens, max_tokens: int) -> list[int]:
+        """`<|startofprev|>` + the last `max_tokens - 1` of `tokens` (text and timestamp ids)."""
+        tokens = list(tokens)
+        if not tokens:
+            return []
+        if any(not (0 <= t < self.eot or self.timestamp_begin <= t < self.timestamp_begin + N_TIMESTAMPS) for t in tokens):
+            raise ValueError("prompt tokens must be text or timestamp tokens of this model")
         return [self.sot_prev] + tokens[-(max_tokens - 1):]
 
     # --- text ----------------------------------------------------------------------------------

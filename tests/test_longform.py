@@ -14,7 +14,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig
 from streamer.engine.engine import Engine
-from streamer.engine.request import SAMPLE_RATE, DecodeOptions
+from streamer.engine.request import SAMPLE_RATE
 from streamer.longform import Transcript, TranscriptSegment, transcribe_long
 from streamer.longform.accurate import complete_segments
 from streamer.longform.fast import plan_windows

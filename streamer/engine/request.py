@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
-from streamer.types import Segment, Word  # noqa: F401  (part of this module's interface)
+from streamer.types import Segment
 
 SAMPLE_RATE = 16000
 """Whisper's input rate; the gateway resamples everything to it."""

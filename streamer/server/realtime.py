@@ -36,10 +36,10 @@ from starlette.websockets import WebSocket
 
 from streamer.audio.decode import StreamResampler
 from streamer.config import StreamingConfig
-from streamer.server.auth import authorized
 from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
 from streamer.server.state import ServerState
-from streamer.server.stream import FINISH_TIMEOUT_S, Outbox, ProtocolError, model_info, parse_language
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
+from streamer.server.stream import ProtocolError, model_info, parse_language
 from streamer.streaming.events import Partial, SpeechStarted, SpeechStopped
 from streamer.streaming.session import Session
 
@@ -116,21 +116,18 @@ class _Segmentation:
         return self.config.turn_detection is None
 
 
-class RealtimeStream:
+class RealtimeStream(SocketStream):
     """One `/v1/realtime` connection."""
 
     transport = "realtime"
 
     def __init__(self, ws: WebSocket, state: ServerState):
-        self.ws = ws
-        self.state = state
-        self.session_id = _id("sess_")
+        super().__init__(ws, state, _id("sess_"))
         self.beta = "realtime=v1" in ws.headers.get("openai-beta", "")
         vad = state.settings.streaming.vad
         self.config = RealtimeConfig(
             rate=DEFAULT_RATE, language=state.settings.streaming.language, prompt="",
             turn_detection=TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms))
-        self._outbox: Outbox | None = None
         self._seg: _Segmentation | None = None
         """The segmentation that takes new audio (None until the first append after a change)."""
         self._segs: dict[int, _Segmentation] = {}
@@ -145,37 +142,13 @@ class RealtimeStream:
         """Committed items whose completion has not been sent, in commit order."""
         self._completions: dict[str, list[tuple[str, dict]]] = {}
         """Messages of finalised items waiting for earlier items' completions."""
-        self._receiver: asyncio.Task | None = None
-        self._grace: float | None = None
-        self._done = asyncio.Event()
 
     # --- the connection -----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        await self.ws.accept()
-        self._outbox = Outbox(self.ws)
-        try:
-            if not authorized(self.ws.scope, self.state.settings.server.api_key):
-                self._fatal("invalid_request_error", "invalid_api_key", "missing or wrong API key", 1008)
-            elif not self.state.admit(self):
-                limit = self.state.settings.server.max_sessions
-                self._fatal("server_error", "overloaded", f"the server is at its limit of {limit} live streams", 1013)
-            elif self.state.engine_saturated():
-                self.state.release(self)
-                self._fatal("server_error", "overloaded", "the engine queue is full; retry later", 1013)
-            else:
-                try:
-                    await self._serve()
-                except Exception as e:  # a bug: tell the client, keep the server up
-                    log.exception("realtime %s: internal error", self.session_id)
-                    self._fatal("server_error", "internal_error", f"internal error: {type(e).__name__}", 1011)
-                finally:
-                    self.state.release(self)
-                    self._done.set()
-        finally:
-            await self._outbox.wait(FINISH_TIMEOUT_S)
-
     async def _serve(self) -> None:
+        if self.state.engine_saturated():  # (`/v1/stream` checks at its start message)
+            self._refuse("overloaded", "the engine queue is full; retry later", 1013)
+            return
         self._event("transcription_session.created" if self.beta else "session.created", session=self._session_wire())
         self._receiver = asyncio.ensure_future(self._receive_loop())
         await asyncio.wait([self._receiver])
@@ -194,12 +167,6 @@ class RealtimeStream:
             await asyncio.wait(self._retiring, timeout=timeout)
         self._outbox.close(1001 if reason == "shutdown" else 1000)
 
-    async def shutdown(self, grace_s: float) -> None:
-        self._grace = grace_s
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
-        await self._done.wait()
-
     def _event(self, type_: str, **fields: Any) -> None:
         self._outbox.send({"type": type_, "event_id": _id("event_"), **fields})
 
@@ -208,6 +175,11 @@ class RealtimeStream:
         self.state.metrics.errors.labels(code).inc()
         self._event("error", error={"type": type_, "code": code, "message": message, "param": param,
                                     "event_id": client_event})
+
+    def _refuse(self, kind: str, message: str, close_code: int) -> None:
+        type_, code = {"unauthorized": ("invalid_request_error", "invalid_api_key"),
+                       "overloaded": ("server_error", "overloaded")}.get(kind, ("server_error", "internal_error"))
+        self._fatal(type_, code, message, close_code)
 
     def _fatal(self, type_: str, code: str, message: str, close_code: int) -> None:
         self._error(type_, code, message)

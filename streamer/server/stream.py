@@ -21,19 +21,16 @@ from starlette.websockets import WebSocket
 
 from streamer.audio.decode import StreamResampler
 from streamer.config import StreamingConfig, VADConfig
-from streamer.server.auth import authorized
 from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
 
-FINISH_TIMEOUT_S = 60.0
-"""After `stop` or an idle timeout, the longest wait for finals still being decoded."""
 MAX_FRAME_S = 5.0
 """Longest audio in one binary frame."""
 
-UNAUTHORIZED = "missing or wrong API key: send `Authorization: Bearer KEY` or `?api_key=KEY`"
 ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4}
 """Encoding -> bytes per sample."""
 
@@ -201,88 +198,20 @@ def event_dict(event: StreamEvent) -> dict | None:
     return event.to_dict()
 
 
-class Outbox:
-    """Messages for one WebSocket, sent in order by one task, so that no caller awaits the
-    socket; `close(code)` sends a close frame after what is queued and ends the task."""
-
-    def __init__(self, ws: WebSocket):
-        self.ws = ws
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._task = asyncio.ensure_future(self._run())
-
-    def send(self, message: dict) -> None:
-        self._queue.put_nowait(message)
-
-    def close(self, code: int) -> None:
-        self._queue.put_nowait(code)
-
-    def abandon(self) -> None:
-        """The client is gone: stop after what is queued, without a close frame."""
-        self._queue.put_nowait(None)
-
-    async def wait(self, timeout: float) -> None:
-        """Until the close is sent (or the client is gone); cancels the sender after `timeout`."""
-        try:
-            await asyncio.wait_for(self._task, timeout)
-        except asyncio.TimeoutError:
-            pass
-
-    async def _run(self) -> None:
-        while True:
-            item = await self._queue.get()
-            try:
-                if item is None:
-                    return
-                if isinstance(item, int):
-                    await self.ws.close(item)
-                    return
-                await self.ws.send_text(json.dumps(item))
-            except Exception:  # the client went away: nothing more can be sent
-                return
-
-
-class NativeStream:
+class NativeStream(SocketStream):
     """One `/v1/stream` connection."""
 
     transport = "stream"
 
     def __init__(self, ws: WebSocket, state: ServerState):
-        self.ws = ws
-        self.state = state
-        self.session_id = secrets.token_hex(8)
-        self._outbox: Outbox | None = None
+        super().__init__(ws, state, secrets.token_hex(8))
         self._start: StartOptions | None = None
         self._resampler: StreamResampler | None = None
         self._bridge: Bridge | None = None
-        self._receiver: asyncio.Task | None = None
-        self._grace: float | None = None
-        """Set by shutdown()."""
         self._failed = False
         """A fatal error was queued for the client (the receiver was stopped for it)."""
-        self._done = asyncio.Event()
 
     # --- the connection -----------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        await self.ws.accept()
-        self._outbox = Outbox(self.ws)
-        try:
-            if not authorized(self.ws.scope, self.state.settings.server.api_key):
-                self._fatal("unauthorized", UNAUTHORIZED, 1008)
-            elif not self.state.admit(self):
-                limit = self.state.settings.server.max_sessions
-                self._fatal("overloaded", f"the server is at its limit of {limit} live streams; retry later", 1013)
-            else:
-                try:
-                    await self._serve()
-                except Exception as e:  # a bug: tell the client, keep the server up
-                    log.exception("session %s: internal error", self.session_id)
-                    self._fatal("internal", f"internal error: {type(e).__name__}", 1011)
-                finally:
-                    self.state.release(self)
-                    self._done.set()
-        finally:
-            await self._outbox.wait(FINISH_TIMEOUT_S)
 
     async def _serve(self) -> None:
         self._receiver = asyncio.ensure_future(self._receive_loop())
@@ -305,16 +234,13 @@ class NativeStream:
         self._send({"type": "closed", "reason": reason})
         self._outbox.close(1001 if reason == "shutdown" else 1000)
 
-    async def shutdown(self, grace_s: float) -> None:
-        self._grace = grace_s
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
-        await self._done.wait()
-
     def _send(self, message: dict) -> None:
         if message.get("type") == "error":
             self.state.metrics.errors.labels(message["code"]).inc()
         self._outbox.send(message)
+
+    def _refuse(self, kind: str, message: str, close_code: int) -> None:
+        self._fatal(kind, message, close_code)
 
     def _fatal(self, code: str, message: str, close_code: int) -> None:
         self._send({"type": "error", "code": code, "message": message})

@@ -25,9 +25,9 @@ from starlette.routing import Route
 
 from streamer.server.auth import error_body
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
+from streamer.server.socket_stream import FINISH_TIMEOUT_S
 from streamer.server.state import ServerState
-from streamer.server.stream import FINISH_TIMEOUT_S, ProtocolError, StartOptions, event_dict, model_info, \
-    parse_message, parse_start
+from streamer.server.stream import ProtocolError, StartOptions, event_dict, model_info, parse_message, parse_start
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")

@@ -8,24 +8,21 @@ out (and the fp8 scales). As in the engine, each op is timed inside a CUDA graph
 as the median over replays of one graph that calls it on several copies of its inputs, enough to
 pass 256 MB so that the L2 (60 MB on an H200) holds none of them, as a decode step's 32 layers'
 caches would not stay in it. "eager" is our fp8 op launched from Python (triton.testing.do_bench
-median): the gap to the graph time is launch overhead. Prints a table and writes JSON.
+median): the gap to the graph time is launch overhead. Prints a table and writes JSON under
+benchmarks/results (or $BENCH_RESULTS_DIR).
 
-    python benchmarks/bench_attention.py [--out benchmarks/results/bench_attention.json]
+    python benchmarks/bench_attention.py [--out bench_attention.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cuda_ops.attention import choose_num_splits, decode_attention_triton, quantize_kv  # noqa: E402
+from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
+from cuda_ops.attention import choose_num_splits, decode_attention_triton, quantize_kv
 
 H, D = 20, 64  # large-v3 decoder
 CROSS_T = 1500  # encoder frames of a 30-s window
@@ -141,13 +138,11 @@ def print_table(rows: list[dict], ceiling: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_attention.json"))
+    parser.add_argument("--out", default="bench_attention.json", help="file name under the results directory")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA not available: nothing to benchmark (the kernels' CPU tests run through TRITON_INTERPRET=1)")
         return
-    import triton
-
     torch.backends.cuda.matmul.allow_tf32 = False
     ceiling = copy_bandwidth_gbps()
     rows = []
@@ -159,20 +154,8 @@ def main() -> None:
         lengths = torch.randint(1, SELF_T + 1, (B,), dtype=torch.int32, device="cuda", generator=gen)
         rows.append(run_case("self", B, SELF_T, lengths, 2 * B, ceiling))  # decode B of 2B slots
     print_table(rows, ceiling)
-    result = {
-        "gpu": torch.cuda.get_device_name(),
-        "sms": SMS,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "copy_bandwidth_GBps": ceiling,
-        "rows": rows,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    result = {"environment": environment(), "copy_bandwidth_GBps": ceiling, "rows": rows}
+    print("wrote", write_json(args.out, result))
 
 
 if __name__ == "__main__":

@@ -10,24 +10,21 @@ Shapes: M = 1500 x 16 tokens (large-v3 encoder, batch 16), d_model 1280, FFN 512
 3. Decode-sized GEMMs (M = 16, 64: one token per live sequence), where the weights dominate.
 `--sweep` times the bias+GELU+quant kernel's launch configurations.
 
-    python benchmarks/bench_fp8.py [--batch 16] [--sweep]
+    python benchmarks/bench_fp8.py [--batch 16] [--sweep] [--out bench_fp8.json]
 
-Prints a table and writes benchmarks/results/bench_fp8.json. Without CUDA it exits 0.
+Prints a table and writes the JSON under benchmarks/results (or $BENCH_RESULTS_DIR).
+Without CUDA it exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
+from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
 
 D_MODEL, D_FFN, WINDOW_TOKENS = 1280, 5120, 1500
 FP8_MAX = 448.0
@@ -48,6 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=16, help="30-s windows per encoder batch")
     parser.add_argument("--sweep", action="store_true", help="also time bias_gelu_quant launch configurations")
+    parser.add_argument("--out", default="bench_fp8.json", help="file name under the results directory")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA not available")
@@ -184,15 +182,10 @@ def main() -> int:
         for s in sorted(sweep, key=lambda s: s["us"]):
             print(f"{'':23s}{s['BLOCK_M']:8d} {s['num_warps']:9d} {s['us']:7.1f} {s['GB/s']:6.0f}")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_fp8.json"
-    out.write_text(json.dumps({
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda, "M": M, "d_model": D_MODEL, "d_ffn": D_FFN,
+    print("wrote", write_json(args.out, {
+        "environment": environment(), "M": M, "d_model": D_MODEL, "d_ffn": D_FFN,
         "gemms": gemms, "blocks": blocks, "decode": decode, "elementwise": elementwise, "sweep": sweep,
-    }, indent=2))
-    print(f"wrote {out}")
+    }))
     return 0
 
 

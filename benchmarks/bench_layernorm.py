@@ -7,22 +7,19 @@ launch configurations (rows per program, warps) to back the choice in cuda_ops/l
 
     python benchmarks/bench_layernorm.py [--rows 24000] [--hidden 1280] [--dtype fp16] [--sweep]
 
-Prints a table and writes benchmarks/results/bench_layernorm.json. Without CUDA it exits 0.
+Prints a table and writes the JSON (--out, default bench_layernorm.json) under benchmarks/results
+(or $BENCH_RESULTS_DIR). Without CUDA it exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
+from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 FP8_MAX = 448.0
@@ -50,6 +47,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=1280)
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's launch configurations")
+    parser.add_argument("--out", default="bench_layernorm.json", help="file name under the results directory")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA not available")
@@ -124,15 +122,10 @@ def main() -> int:
         for s in sorted(sweep, key=lambda s: (s["out"], s["us"])):
             print(f"  {s['out']:5s} {s['BLOCK_M']:7d} {s['num_warps']:9d} {s['us']:7.1f} {s['GB/s']:6.0f}")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_layernorm.json"
-    out.write_text(json.dumps({
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda, "rows": M, "hidden": D, "dtype": args.dtype,
+    print("wrote", write_json(args.out, {
+        "environment": environment(), "rows": M, "hidden": D, "dtype": args.dtype,
         "copy_GB/s": copy_gbs, "cases": rows, "sweep": sweep,
-    }, indent=2))
-    print(f"wrote {out}")
+    }))
     return 0
 
 

@@ -5,25 +5,22 @@ For batches of 1, 16 and 64 windows of 30 s (480000 samples -> [B, 128, 3000]), 
 (b) log_mel: torch.stft + the two Triton kernels,
 and the part after the STFT alone for both (the STFT is shared), with the kernels' GB/s.
 For context, transformers' WhisperFeatureExtractor on one window on the CPU (its numpy path).
-GPU times: triton.testing.do_bench medians; CPU: median of 5 wall-clock runs.
+GPU times: triton.testing.do_bench medians; CPU: median of 5 wall-clock runs. Writes JSON under
+benchmarks/results (or $BENCH_RESULTS_DIR).
 
-    python benchmarks/bench_mel.py [--n-mels 128] [--out benchmarks/results/bench_mel.json]
+    python benchmarks/bench_mel.py [--n-mels 128] [--out bench_mel.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cuda_ops.mel import N_FFT, log_mel, log_mel_from_stft, log_mel_reference, mel_filters  # noqa: E402
+from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
+from cuda_ops.mel import N_FFT, log_mel, log_mel_from_stft, log_mel_reference, mel_filters
 
 WINDOW = 480_000  # 30 s at 16 kHz
 BATCHES = (1, 16, 64)
@@ -65,13 +62,11 @@ def feature_extractor_cpu_ms(n_mels: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-mels", type=int, default=128, choices=(80, 128))
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_mel.json"))
+    parser.add_argument("--out", default="bench_mel.json", help="file name under the results directory")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA not available: nothing to benchmark (the kernels' CPU tests run through TRITON_INTERPRET=1)")
         return
-    import triton
-
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference in fp32, as on the CPU
     n_mels = args.n_mels
     filters = mel_filters(n_mels).cuda()
@@ -112,20 +107,8 @@ def main() -> None:
               f"{r['kernels_GBps']:>7.0f}{r['max_abs_diff']:>10.1e}")  # fmt: skip
     print("transformers WhisperFeatureExtractor, 1 window on the CPU: "
           + ", ".join(f"{name} {ms:.1f} ms" for name, ms in cpu.items()))  # fmt: skip
-    result = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "n_mels": n_mels,
-        "rows": rows,
-        "feature_extractor_cpu_1_window_ms": cpu,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    result = {"environment": environment(), "n_mels": n_mels, "rows": rows, "feature_extractor_cpu_1_window_ms": cpu}
+    print("wrote", write_json(args.out, result))
 
 
 if __name__ == "__main__":

@@ -84,12 +84,20 @@ def concat(paths: list[str], seconds: float, gap: float = 0.5) -> tuple[np.ndarr
 
 
 def environment() -> dict:
+    """Date, versions and machine (GPU name, SM count and CUDA when there is one) to store with a result."""
     import torch
 
     info = {"date": time.strftime("%Y-%m-%d %H:%M"), "python": platform.python_version(), "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:  # optional: only the kernel path needs it
+        pass
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
+        info["sms"] = torch.cuda.get_device_properties().multi_processor_count
         info["cuda"] = torch.version.cuda
     return info
 

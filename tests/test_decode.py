@@ -13,6 +13,7 @@ import pytest
 from streamer.audio.decode import (
     SAMPLE_RATE,
     AudioDecodeError,
+    AudioTooLarge,
     StreamResampler,
     decode_audio,
     pcm_to_float,
@@ -215,8 +216,9 @@ def test_damaged_files_raise_only_audio_decode_error(jfk):
 
 def test_max_seconds(jfk_path, jfk):
     # jfk.ogg declares its duration: refused before decoding.
-    with pytest.raises(AudioDecodeError, match=r"^jfk\.ogg: 11\.0 s, longer than the 5 s limit$"):
+    with pytest.raises(AudioTooLarge, match=r"^jfk\.ogg: 11\.0 s, longer than the 5 s limit$") as info:
         decode_audio(jfk_path, max_seconds=5)
+    assert info.value.limit == "seconds" and isinstance(info.value, AudioDecodeError)
     assert len(decode_audio(jfk_path, max_seconds=12)) == len(jfk)
 
     # Written to a pipe, WebM has no duration (as from a browser's MediaRecorder): refused while decoding.
@@ -231,8 +233,9 @@ def test_max_seconds(jfk_path, jfk):
 
 def test_max_bytes(jfk_path):
     data = Path(jfk_path).read_bytes()
-    with pytest.raises(AudioDecodeError, match=r"^jfk\.ogg: .* KB, larger than the 10 KB limit$"):
+    with pytest.raises(AudioTooLarge, match=r"^jfk\.ogg: .* KB, larger than the 10 KB limit$") as info:
         decode_audio(jfk_path, max_bytes=10 * 1024)
+    assert info.value.limit == "bytes"
     with pytest.raises(AudioDecodeError, match=r"larger than the 10 KB limit"):
         decode_audio(data, max_bytes=10 * 1024)
     stream = _ReadOnce(data)

@@ -173,9 +173,9 @@ def test_limits_and_shutdown(engine, jfk, audio_dir):
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         with open(audio_dir / "long" / "asterisk_en_6min.ogg", "rb") as f:  # 1.4 MB
             status, body = error_of(lambda: client.audio.transcriptions.create(file=f, model="tiny.en"))
-        assert status == 413
+        assert status == 413 and body["code"] == "file_too_large"
         status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))  # 11 s
-        assert status == 413 and "limit" in body["message"]
+        assert status == 413 and "limit" in body["message"] and body["code"] == "audio_too_long"
         app.state.streamer.shutting_down = True
         status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))
         assert status == 503
@@ -254,3 +254,13 @@ def test_translations_in_every_format(multilingual, spanish, fmt):
 def test_multilingual_transcription_keeps_the_language(multilingual, spanish):
     r = multilingual.audio.transcriptions.create(file=spanish, model="base", response_format="verbose_json")
     assert r.language == "spanish" and "conferencia" in r.text.lower()
+
+
+def test_metrics_count_file_audio(server, client, jfk):
+    def audio_seconds() -> float:
+        text = urllib.request.urlopen(server + "/metrics").read().decode()
+        return float(re.search(r"^streamer_file_audio_seconds_total (\S+)$", text, re.M).group(1))
+
+    before = audio_seconds()
+    client.audio.transcriptions.create(file=jfk, model="tiny.en")
+    assert audio_seconds() - before == pytest.approx(11.0, abs=0.1)

@@ -46,6 +46,14 @@ class AudioDecodeError(ValueError):
         """What is wrong, in plain words (e.g. "empty file", "corrupt data at 1.2 s")."""
 
 
+class AudioTooLarge(AudioDecodeError):
+    """Audio over a limit of `decode_audio`: `limit` is "seconds" (`max_seconds`) or "bytes" (`max_bytes`)."""
+
+    def __init__(self, name: str, reason: str, limit: str) -> None:
+        super().__init__(name, reason)
+        self.limit = limit
+
+
 def decode_audio(
     source: Source,
     *,
@@ -65,7 +73,7 @@ def decode_audio(
         stream = _audio_stream(container, name)
         declared = _declared_duration(container, stream)
         if max_seconds is not None and declared is not None and declared > max_seconds:
-            raise AudioDecodeError(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit")
+            raise AudioTooLarge(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
         converter = _MonoConverter()
         decoded_s = 0.0
         position_s = 0.0
@@ -77,7 +85,7 @@ def decode_audio(
                     decoded_s += frame.samples / frame.sample_rate
                     converter.add(frame)
                 if max_seconds is not None and decoded_s > max_seconds:
-                    raise AudioDecodeError(name, f"longer than the {max_seconds:g} s limit")
+                    raise AudioTooLarge(name, f"longer than the {max_seconds:g} s limit", "seconds")
             audio = converter.finish()
         except AudioDecodeError:
             raise
@@ -259,7 +267,7 @@ def _prepare(source: Source, name: str | None, max_bytes: int | None) -> tuple[s
     if size == 0:
         raise AudioDecodeError(name, "empty file")
     if max_bytes is not None and size > max_bytes:
-        raise AudioDecodeError(name, f"{_size(size)}, larger than the {_size(max_bytes)} limit")
+        raise AudioTooLarge(name, f"{_size(size)}, larger than the {_size(max_bytes)} limit", "bytes")
     return data, name
 
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from streamer.audio.decode import AudioDecodeError, decode_audio
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge, decode_audio
 from streamer.engine.engine import EngineClosed
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
@@ -288,10 +288,9 @@ def _decode(upload: UploadFile, max_seconds: float, max_bytes: int):
     """Samples of the upload (worker thread); 413 over the duration limit, 415 when not audio."""
     try:
         return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload")
+    except AudioTooLarge as e:
+        raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
     except AudioDecodeError as e:
-        # decode_audio words every limit as "... longer/larger than the ... limit".
-        if e.reason.endswith(" limit"):
-            raise ApiError(413, str(e), "audio_too_long", param="file") from None
         raise ApiError(415, str(e), "unsupported_media", param="file") from None
 
 
@@ -327,6 +326,4 @@ def _refuse(request: Request, error: ApiError) -> JSONResponse:
 
 
 def _observe(state, transcript: Transcript, started: float) -> None:
-    observe = getattr(getattr(state, "metrics", None), "observe_file", None)
-    if observe is not None:
-        observe(transcript.duration, time.monotonic() - started)
+    state.metrics.observe_file(transcript.duration, time.monotonic() - started)

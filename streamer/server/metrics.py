@@ -63,7 +63,17 @@ class Metrics:
             ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.errors = Counter("streamer_errors_total", "Error events and responses sent, by code", ["code"],
                               registry=self.registry)
+        self.file_audio = Counter("streamer_file_audio_seconds", "Audio transcribed through the file endpoints",
+                                  registry=self.registry)
+        self.file_time = Histogram(
+            "streamer_file_processing_seconds", "From an upload's decoded audio to its transcript",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800), registry=self.registry)
         self.registry.register(_EngineCollector(engine_metrics))
+
+    def observe_file(self, audio_s: float, wall_s: float) -> None:
+        """A file transcription finished: `audio_s` seconds of audio in `wall_s` seconds."""
+        self.file_audio.inc(audio_s)
+        self.file_time.observe(wall_s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything."""

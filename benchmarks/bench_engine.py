@@ -36,18 +36,22 @@ SHAPES = {
 
 def ceilings() -> dict:
     """Measured device-to-device copy bandwidth (bytes read + written) and fp16 matmul rate."""
+    return {"copy_GBps": _copy_bandwidth() / 1e9, "fp16_matmul_TFLOPs": _matmul_rate() / 1e12}
+
+
+def _copy_bandwidth() -> float:
     x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     for _ in range(3):
         y.copy_(x)
     torch.cuda.synchronize()
-    t = _cuda_time(lambda: y.copy_(x), 10)
-    bw = 2 * x.numel() / t
-    del x, y
+    return 2 * x.numel() / _cuda_time(lambda: y.copy_(x), 10)
+
+
+def _matmul_rate() -> float:
     a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
-    t = _cuda_time(lambda: a @ b, 10)
-    return {"copy_GBps": bw / 1e9, "fp16_matmul_TFLOPs": 2 * 8192**3 / t / 1e12}
+    return 2 * 8192**3 / _cuda_time(lambda: a @ b, 10)
 
 
 def _cuda_time(fn, reps: int) -> float:
@@ -213,8 +217,6 @@ def main() -> None:
         print(table(ours_rows + hf_rows, ["system", "windows", "wall_s", "rtf", "tokens_per_s", "step_ms",
                                           "step_floor_ms", "step_over_floor", "speedup_vs_transformers"]), flush=True)
         write_json(args.out, report)
-
-    from streamer.engine.runner import Runner  # noqa: F401  (fail early if the package is broken)
 
     precisions = [None if p == "none" else p for p in args.precisions.split(",")]
 

@@ -74,7 +74,8 @@ def read_ct2(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         version = take("I")
         if version != 6:
             raise WeightsError(f"CTranslate2 binary version {version} is not supported (expected 6)")
-        spec, _revision = text(), take("I")
+        spec = text()
+        take("I")  # the spec's revision: every Whisper revision lays its variables out the same way
         if spec != "WhisperSpec":
             raise WeightsError(f"model.bin holds a {spec}, not a Whisper model")
         variables = {}

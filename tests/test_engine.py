@@ -211,3 +211,16 @@ def test_prompt_tokens_are_fed_verbatim(engine, jfk_path):
         DecodeOptions(prompt="a", prompt_tokens=[1])
     with pytest.raises(ValueError, match="text or timestamp tokens"):
         engine.submit(audio, DecodeOptions(prompt_tokens=[tok.eot]))
+
+
+def test_repeated_phrases_that_end_are_not_a_loop():
+    """A high compression ratio means a loop only when the decode ran to its token limit."""
+    from streamer.model.decoding import compression_ratio, needs_fallback
+
+    menu = " Please enter your agent number followed by the pound key." * 6
+    opts = DecodeOptions()
+    assert compression_ratio(menu) > opts.compression_ratio_threshold
+    assert needs_fallback(menu, -0.2, 0.1, opts, truncated=True)
+    assert not needs_fallback(menu, -0.2, 0.1, opts, truncated=False)
+    assert needs_fallback(menu, -1.5, 0.1, opts, truncated=False)  # improbable text is retried either way
+    assert not needs_fallback(menu, -1.5, 0.9, opts, truncated=True)  # silence is never retried

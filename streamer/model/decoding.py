@@ -150,14 +150,20 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options) -> bool:
-    """openai/whisper's rule: retry hotter when the text loops or is improbable, unless it is silence."""
+def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options, truncated: bool = True) -> bool:
+    """openai/whisper's rule: retry hotter when the text loops or is improbable, unless it is silence.
+
+    One change: a high compression ratio counts as a loop only when the decode ran to its token
+    limit (`truncated`). Prompts, menus and meetings repeat whole phrases, and text that ended by
+    itself is then speech, not a loop; retrying it hotter swapped it for samples that skip
+    sentences (measured on the shared English prompts: docs/longform.md)."""
     if options.no_speech_threshold is not None and no_speech_prob > options.no_speech_threshold \
             and options.logprob_threshold is not None and avg_logprob < options.logprob_threshold:
         return False  # silence: an empty result is right, retrying would invent words
-    if options.compression_ratio_threshold is not None and compression_ratio(text) > options.compression_ratio_threshold:
+    if options.logprob_threshold is not None and avg_logprob < options.logprob_threshold:
         return True
-    return options.logprob_threshold is not None and avg_logprob < options.logprob_threshold
+    return truncated and options.compression_ratio_threshold is not None \
+        and compression_ratio(text) > options.compression_ratio_threshold
 
 
 def best_attempt(attempts: list, compression_ratio_threshold: float | None):

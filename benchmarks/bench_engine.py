@@ -96,6 +96,7 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
     from streamer.config import EngineConfig
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
+    from streamer.model.whisper import KVCache
 
     engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=16), precision=precision)
     label = f"ours {precision or 'plain'}"
@@ -124,10 +125,11 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
         if graph is None:
             continue
         ms = 1000 * _cuda_time(graph.replay, 20)
-        d = loaded.dims
-        itemsize = 2
-        dec_bytes = sum(p.numel() for p in loaded.model.decoder.parameters()) * itemsize
-        kv = 2 * d.n_text_layer * (d.n_audio_ctx + d.n_text_ctx) * d.n_text_state * itemsize
+        # Bytes a step must read: the decoder's weights as stored (FP8 sites take one byte per
+        # weight) and, per sequence, its self K/V and its cross K/V as cached (FP8 or fp16).
+        decoder = loaded.model.decoder
+        dec_bytes = sum(t.numel() * t.element_size() for t in [*decoder.parameters(), *decoder.buffers()])
+        kv = KVCache.bytes_per_slot(loaded.dims, runner.cache.self_k[0].element_size(), runner.cache.cross_fp8)
         floor = 1000 * (dec_bytes + b * kv) / (ceil["copy_GBps"] * 1e9)
         for r in rows:
             if r["windows"] == n:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The live-streaming load test on the GPU machine, in three back-to-back device calls:
 #   1. carry .carry/tiny_a            : cp .carry/tiny_a/model.bin.part1 /tmp/tiny_a/
-#   2. carry .whl_gpu                 : cp .whl_gpu/*.whl /tmp/whl/   (server deps the image lacks)
+#   2. carry .whl_gpu                 : mkdir -p /tmp/whl && cp .whl_gpu/*.whl /tmp/whl/   (bash benchmarks/gpu_wheels.sh here first)
 #   3. carry .carry/tiny_b .carry/audio : bash benchmarks/gpu_loadtest.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -98,7 +98,10 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
     from streamer.engine.request import DecodeOptions
     from streamer.model.whisper import KVCache
 
-    engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=16), precision=precision)
+    # "PRESET+overlap": the preset with the encoder on a second stream (EngineConfig.overlap_encoder).
+    precision, _, variant = (precision or "").partition("+")
+    engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=16, overlap_encoder=variant == "overlap"),
+                    precision=None if precision in ("", "none") else precision)
     label = f"ours {precision or 'plain'}"
     loop = asyncio.new_event_loop()
     options = DecodeOptions(language="en", temperatures=(0.0,), max_new_tokens=tokens)
@@ -197,7 +200,8 @@ def main() -> None:
     p.add_argument("--real", action="append", default=[], help="NAME=DIR: real weights on real audio")
     p.add_argument("--hf-batches", default="1,8,32,128")
     p.add_argument("--out", default="bench_engine.json")
-    p.add_argument("--precisions", default="none", help="comma list: none (plain PyTorch), full_fp16, mixed_fp8, aggressive_fp8")
+    p.add_argument("--precisions", default="none", help="comma list: none (plain PyTorch), full_fp16, mixed_fp8, aggressive_fp8; "
+                   "PRESET+overlap runs the encoder on a second CUDA stream")
     args = p.parse_args()
 
     batches = [int(x) for x in args.batches.split(",")]

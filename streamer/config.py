@@ -42,6 +42,9 @@ class EngineConfig:
     """Cap on this process's GPU memory; slots and encoder batches are sized to fit."""
     cuda_graphs: bool = True
     """Capture the decoder step as CUDA graphs per batch bucket (CUDA only)."""
+    overlap_encoder: bool = False
+    """Run a step's encoder pass on a second CUDA stream beside its decoder step (CUDA only).
+    Off until measured on a GPU: `bench_engine.py --precisions full_fp16,full_fp16+overlap`."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_QUEUE": ("engine", "max_queue"),
     "VRAM_LIMIT_GB": ("engine", "vram_limit_gb"),
     "CUDA_GRAPHS": ("engine", "cuda_graphs"),
+    "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
     "HOST": ("server", "host"),
     "PORT": ("server", "port"),

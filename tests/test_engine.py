@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig
@@ -224,3 +225,19 @@ def test_repeated_phrases_that_end_are_not_a_loop():
     assert not needs_fallback(menu, -0.2, 0.1, opts, truncated=False)
     assert needs_fallback(menu, -1.5, 0.1, opts, truncated=False)  # improbable text is retried either way
     assert not needs_fallback(menu, -1.5, 0.9, opts, truncated=True)  # silence is never retried
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a second stream)")
+def test_encoder_on_a_second_stream_changes_no_token(manifest):
+    """EngineConfig.overlap_encoder: windows encoded beside decoder steps decode exactly as before."""
+    loaded = load_model("tiny.en", "cuda", torch.float16)
+    jobs = [(a, DecodeOptions(temperatures=(0.0,), timestamps=True)) for a in _pick(manifest, "en", 12)]
+    results = {}
+    for overlap in (False, True):
+        engine = Engine(loaded, EngineConfig(max_slots=16, max_encoder_batch=4, overlap_encoder=overlap))
+        try:
+            results[overlap] = asyncio.run(_all_at_once(engine, jobs))
+        finally:
+            engine.close()
+    assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
+    assert all(r.text for r in results[True])

@@ -23,8 +23,6 @@ from streamer.engine.request import (
     Request,
     RequestState,
     Result,
-    Segment,
-    Word,
 )
 from streamer.engine.scheduler import (
     QueueFull,
@@ -34,6 +32,7 @@ from streamer.engine.scheduler import (
     StepOutput,
     StepPlan,
 )
+from streamer.types import Segment, Word
 
 FINAL, PARTIAL, FILE = Priority.FINAL, Priority.PARTIAL, Priority.FILE
 ONE_SECOND = np.zeros(16000, dtype=np.float32)

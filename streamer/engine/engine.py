@@ -128,7 +128,7 @@ class Engine:
             cross_fp8 = preset.cross_kv_cache == "fp8"
         device = next(loaded.model.parameters()).device
         slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
-        self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8)
+        self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8, config.overlap_encoder)
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
         self.metrics_data = EngineMetrics()

@@ -54,7 +54,7 @@ class StepResult:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
-                 cross_fp8: bool = False):
+                 cross_fp8: bool = False, overlap_encoder: bool = False):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -72,6 +72,9 @@ class Runner:
         self.positions = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        # A second stream for the encoder, so that a step's encoder pass (compute-bound) runs beside
+        # its decoder step (memory-bound) instead of after it.
+        self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.noise = None
         self.pool = None
@@ -92,17 +95,28 @@ class Runner:
             for i in reversed(range(len(self.slots))):
                 if self.slots[i].id == rid:
                     self._remove(i)
+        features = None
+        if encode and self.slots and self.side is not None:
+            t0 = time.perf_counter()
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                features = self._encode(encode)  # queued; runs while the decoder step below does
+            out.encode_s = time.perf_counter() - t0
         if self.slots:
             t0 = time.perf_counter()
             n = len(self.slots)
             any_hot = any(s.request.temperature > 0 for s in self.slots)
-            tokens, logprobs, top = self._decode(n, any_hot)
+            tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
             self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
             out.decode_s = time.perf_counter() - t0
         if encode:
             t0 = time.perf_counter()
-            self._admit(encode, out)
-            out.encode_s = time.perf_counter() - t0
+            if features is not None:
+                main = torch.cuda.current_stream()
+                main.wait_stream(self.side)
+                features.record_stream(main)  # made on the side stream, used and freed on this one
+            self._admit(encode, out, features)
+            out.encode_s += time.perf_counter() - t0
         return out
 
     def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], top, out: StepResult) -> None:
@@ -250,20 +264,26 @@ class Runner:
 
     # --- admission: encoder, language detection, prefill ---------------------------------------------
 
-    def _admit(self, requests: list, out: StepResult) -> None:
-        # A beam search of width n takes n rows; its window is encoded once and its K/V copied.
-        expanded = [r for r in requests for _ in range(r.options.beam_size)]
-        k, lo = len(expanded), len(self.slots)
-        if lo + k > self.n_slots:
-            raise RuntimeError(f"{lo + k} sequences for {self.n_slots} slots: the scheduler over-admitted")
-        dec = self.model.decoder
+    def _encode(self, requests: list) -> torch.Tensor:
+        """Log-mel and encoder output [len(requests), n_audio_ctx, d] of the requests' windows."""
         feats = [r.features for r in requests]
         if all(f is None for f in feats):
             mel = log_mel_spectrogram([r.audio for r in requests], self.dims.n_mels, device=self.device)
         else:
             mel = torch.stack([torch.as_tensor(f) if f is not None else
                                log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
-        audio_features = self.model.encoder(mel.to(self.dtype))
+        return self.model.encoder(mel.to(self.dtype))
+
+    def _admit(self, requests: list, out: StepResult, audio_features: torch.Tensor | None = None) -> None:
+        """Prefill `requests` into free slots; `audio_features` when their encoder pass already ran."""
+        # A beam search of width n takes n rows; its window is encoded once and its K/V copied.
+        expanded = [r for r in requests for _ in range(r.options.beam_size)]
+        k, lo = len(expanded), len(self.slots)
+        if lo + k > self.n_slots:
+            raise RuntimeError(f"{lo + k} sequences for {self.n_slots} slots: the scheduler over-admitted")
+        dec = self.model.decoder
+        if audio_features is None:
+            audio_features = self._encode(requests)
         if k != len(requests):
             widths = torch.tensor([r.options.beam_size for r in requests], device=self.device)
             audio_features = audio_features.repeat_interleave(widths, dim=0)

@@ -191,12 +191,9 @@ class RealtimeStream(SocketStream):
         """Client events until the connection ends; returns why: idle_timeout, disconnect or error."""
         limit = self.state.settings.server.max_message_bytes
         while True:
-            try:
-                message = await asyncio.wait_for(self.ws.receive(), self.state.settings.server.idle_timeout_s)
-            except asyncio.TimeoutError:
-                return "idle_timeout"
-            if message["type"] == "websocket.disconnect":
-                return "disconnect"
+            message = await self._next_message()
+            if isinstance(message, str):
+                return message
             text = message.get("text")
             if text is None:
                 text = (message.get("bytes") or b"").decode("utf-8", "replace")

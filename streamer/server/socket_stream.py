@@ -108,6 +108,15 @@ class SocketStream:
             self._receiver.cancel()
         await self._done.wait()
 
+    async def _next_message(self) -> dict | str:
+        """The client's next WebSocket message, or why none will come: `idle_timeout` (nothing
+        for `IDLE_TIMEOUT_S`) or `disconnect`."""
+        try:
+            message = await asyncio.wait_for(self.ws.receive(), self.state.settings.server.idle_timeout_s)
+        except asyncio.TimeoutError:
+            return "idle_timeout"
+        return "disconnect" if message["type"] == "websocket.disconnect" else message
+
     async def _serve(self) -> None:
         raise NotImplementedError
 

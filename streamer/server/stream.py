@@ -254,12 +254,9 @@ class NativeStream(SocketStream):
         disconnect or error (a fatal error has then been queued)."""
         limit = self.state.settings.server.max_message_bytes
         while True:
-            try:
-                message = await asyncio.wait_for(self.ws.receive(), self.state.settings.server.idle_timeout_s)
-            except asyncio.TimeoutError:
-                return "idle_timeout"
-            if message["type"] == "websocket.disconnect":
-                return "disconnect"
+            message = await self._next_message()
+            if isinstance(message, str):
+                return message
             text, data = message.get("text"), message.get("bytes")
             size = len(data) if data is not None else len((text or "").encode())
             if size > limit:

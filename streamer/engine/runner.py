@@ -164,7 +164,7 @@ class Runner:
             return rows
         src = torch.tensor([rows[i] for i in sources], device=self.device)
         dst = torch.tensor(rows, device=self.device)
-        self.cache.copy_slots(src, dst)
+        self.cache.copy_slots(src, dst, upto=max(len(s.initial) + len(s.tokens) for s in seqs))
         for seq, beam in zip(seqs, beams):
             seq.tokens, seq.sum_logprob = beam.tokens, beam.sum_logprob
         tb = self.tok.timestamp_begin

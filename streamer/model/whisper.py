@@ -139,11 +139,12 @@ class KVCache(nn.Module):
             for b in buffers:
                 b[dst].copy_(b[src])
 
-    def copy_slots(self, src: Tensor, dst: Tensor) -> None:
-        """Self-attention K/V of slots `src` into slots `dst` (beam search reordering)."""
+    def copy_slots(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
+        """Self-attention K/V of slots `src` into slots `dst` (beam search reordering), positions
+        [0, upto) only: the rest is unwritten, and copying all 448 was 12 % of a CPU beam search."""
         for buffers in (self.self_k, self.self_v):
             for b in buffers:
-                b[dst] = b[src]
+                b[dst, :, :upto] = b[src, :, :upto]
 
     @staticmethod
     def bytes_per_slot(dims: ModelDims, itemsize: int, cross_fp8: bool = False) -> int:

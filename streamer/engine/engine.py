@@ -23,13 +23,13 @@ import torch
 
 from streamer.config import EngineConfig, ModelConfig
 from streamer.engine.request import DecodeOptions, Priority, Request, RequestState, Result
-from streamer.types import Segment
 from streamer.engine.beam import MAX_BEAM
 from streamer.engine.runner import Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
 from streamer.model.decoding import best_attempt, compression_ratio, is_silence, needs_fallback, split_segments
 from streamer.model.weights import LoadedModel, load_model
 from streamer.model.whisper import KVCache
+from streamer.types import Segment
 
 log = logging.getLogger("streamer.engine")
 

@@ -45,7 +45,9 @@ async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOption
             delay = min(2 * delay, RETRY_MAX_S)
 
 
-async def _attempt(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Result:
+async def decode_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Result:
+    """Decode one window (≤ 30 s) with the engine's temperature fallback over `options.temperatures`,
+    which keeps the best attempt when none passes the checks (`decoding.best_attempt`)."""
     handle = await submit_window(engine, audio, options, started=started)
     try:
         return await handle.result()
@@ -54,13 +56,8 @@ async def _attempt(engine: Engine, audio: np.ndarray, options: DecodeOptions, *,
         raise
 
 
-async def decode_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Result:
-    """Decode one window (≤ 30 s) with the engine's temperature fallback over `options.temperatures`,
-    which keeps the best attempt when none passes openai's checks (`decoding.best_attempt`)."""
-    return await _attempt(engine, audio, options, started=started)
-
-
 async def detect_language(engine: Engine, audio: np.ndarray, options: DecodeOptions) -> str:
     """The language of one window: the encoder and a single decoder step, no fallback."""
-    probe = dataclasses.replace(options, language=None, prompt=None, max_new_tokens=1, temperatures=(0.0,))
-    return (await _attempt(engine, audio, probe, started=False)).language or "en"
+    probe = dataclasses.replace(options, language=None, prompt=None, prompt_tokens=None, beam_size=1, max_new_tokens=1,
+                                temperatures=(0.0,))
+    return (await decode_window(engine, audio, probe, started=False)).language or "en"

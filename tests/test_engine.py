@@ -221,10 +221,11 @@ def test_repeated_phrases_that_end_are_not_a_loop():
     menu = " Please enter your agent number followed by the pound key." * 6
     opts = DecodeOptions()
     assert compression_ratio(menu) > opts.compression_ratio_threshold
-    assert needs_fallback(menu, -0.2, 0.1, opts, truncated=True)
-    assert not needs_fallback(menu, -0.2, 0.1, opts, truncated=False)
-    assert needs_fallback(menu, -1.5, 0.1, opts, truncated=False)  # improbable text is retried either way
-    assert not needs_fallback(menu, -1.5, 0.9, opts, truncated=True)  # silence is never retried
+    ratio = compression_ratio(menu)
+    assert needs_fallback(ratio, -0.2, 0.1, opts, truncated=True)
+    assert not needs_fallback(ratio, -0.2, 0.1, opts, truncated=False)
+    assert needs_fallback(ratio, -1.5, 0.1, opts, truncated=False)  # improbable text is retried either way
+    assert not needs_fallback(ratio, -1.5, 0.9, opts, truncated=True)  # silence is never retried
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a second stream)")

@@ -315,7 +315,8 @@ class Engine:
         result = self.build_result(seq)
         with self._cond:
             handle = self._handles.pop(req.id, None)
-        failed = needs_fallback(self.tokenizer.decode(result.tokens), result.avg_logprob, result.no_speech_prob, opts,
+        # The ratio is of the whole decoded text (build_result's), also when the window was judged silent.
+        failed = needs_fallback(result.compression_ratio, result.avg_logprob, result.no_speech_prob, opts,
                                 result.truncated)
         if failed and handle is not None:
             handle.attempts.append(result)

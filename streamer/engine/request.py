@@ -93,9 +93,8 @@ class DecodeOptions:
         if self.prompt_tokens is not None:
             if self.prompt:
                 raise ValueError("give prompt or prompt_tokens, not both")
+            # Which ids a model takes is the tokenizer's to say (Engine.submit checks).
             object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
-            if any(t < 0 for t in self.prompt_tokens):
-                raise ValueError("prompt_tokens must be token ids (>= 0)")
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, not {self.beam_size}")
         # A list would make the options unhashable; take any sequence and keep a tuple.

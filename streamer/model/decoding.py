@@ -150,8 +150,9 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options, truncated: bool = True) -> bool:
-    """openai/whisper's rule: retry hotter when the text loops or is improbable, unless it is silence.
+def needs_fallback(ratio: float, avg_logprob: float, no_speech_prob: float, options, truncated: bool = True) -> bool:
+    """openai/whisper's rule: retry hotter when the text loops (gzip compression `ratio` of the
+    whole decoded text) or is improbable, unless it is silence.
 
     One change: a high compression ratio counts as a loop only when the decode ran to its token
     limit (`truncated`). Prompts, menus and meetings repeat whole phrases, and text that ended by
@@ -163,7 +164,7 @@ def needs_fallback(text: str, avg_logprob: float, no_speech_prob: float, options
     if options.logprob_threshold is not None and avg_logprob < options.logprob_threshold:
         return True
     return truncated and options.compression_ratio_threshold is not None \
-        and compression_ratio(text) > options.compression_ratio_threshold
+        and ratio > options.compression_ratio_threshold
 
 
 def best_attempt(attempts: list, compression_ratio_threshold: float | None):

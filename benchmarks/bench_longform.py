@@ -11,7 +11,7 @@ each file is run with `--seeds` seeds and the table shows the mean WER and its r
 
     python benchmarks/bench_longform.py                          # CPU: 6-min file, 5- and 15-min joins
     python benchmarks/bench_longform.py --minutes 5,15,30 --systems fast,accurate,fw-seq,fw-batched
-    python benchmarks/bench_longform.py --device cuda --concurrent 32 --systems none   # GPU throughput
+    python benchmarks/bench_longform.py --device cuda --concurrent 8,32,64 --systems none   # GPU throughput
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ def accuracy(args, files) -> list[dict]:
 
 
 def throughput(args, files) -> list[dict]:
-    """One upload, then N uploads of the same recording at once through one engine, per mode: audio
-    seconds per wall second, and how much N at once gain over one (their windows share steps)."""
+    """One upload, then N uploads of the same recording at once (for each N of `--concurrent`) through
+    one engine, per mode: audio seconds per wall second, and how much N at once gain over one (their
+    windows share steps)."""
     from streamer.config import ModelConfig
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
@@ -134,7 +135,7 @@ def throughput(args, files) -> list[dict]:
 
         asyncio.run(run(1))  # warm-up (graphs, kernels)
         single = None
-        for n in (1, args.concurrent):
+        for n in [1] + args.concurrent:
             t0 = time.perf_counter()
             transcripts = asyncio.run(run(n))
             wall = time.perf_counter() - t0
@@ -155,9 +156,11 @@ def main() -> None:
     parser.add_argument("--minutes", default="5,15", help="lengths of the joined recordings, comma-separated ('' for none)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}; 'none' to skip")
     parser.add_argument("--seeds", type=int, default=2, help="runs per file and system (fallback samples differ)")
-    parser.add_argument("--concurrent", type=int, default=0, help="also measure N concurrent uploads through the engine")
+    parser.add_argument("--concurrent", default="", help="also measure N concurrent uploads through the engine, "
+                        "for each N of this comma-separated list")
     parser.add_argument("--out", default="bench_longform.json")
     args = parser.parse_args()
+    args.concurrent = [int(n) for n in args.concurrent.split(",") if n.strip()]
 
     files = recordings([float(m) for m in args.minutes.split(",") if m.strip()])
     result = {"environment": environment(), "model": args.model, "device": args.device, "audio_dir": str(AUDIO_DIR)}

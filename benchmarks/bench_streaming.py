@@ -10,7 +10,10 @@ about `--seconds` long) as 32-ms frames of 16-kHz PCM and measures, on its side:
   from receiving `speech_stopped` to receiving the `final`;
 - WER of the finals against the prompts' published texts (Whisper's English normaliser);
 - partial churn: the fraction of words shown in partials that the final did not keep (words past
-  the longest common prefix with the final), and the same for the `stable` prefixes alone.
+  the longest common prefix with the final), and the same for the `stable` prefixes alone;
+- and, from the server's `/metrics` before and after each run, where the time went: the mean
+  time of a final window in the engine (submit to result) and of its wait for the first token,
+  the engine's steps and their mean duration, and the fraction of the run the engine was busy.
 
 The sweep doubles N from 1 until p95 finalisation exceeds `--target` (or `--max-clients`); the
 highest N that held is reported.
@@ -207,6 +210,39 @@ async def run_load(url: str, n_clients: int, files: list[Recording], pace: float
     return summary
 
 
+SERVER_SAMPLES = ("streamer_window_seconds_sum", "streamer_window_seconds_count",
+                  "streamer_window_queue_wait_seconds_sum", "streamer_window_queue_wait_seconds_count",
+                  "streamer_engine_steps_total", "streamer_engine_busy_seconds_total")
+
+
+def _server_samples(http_url: str) -> dict[str, float]:
+    """The cumulative samples of SERVER_SAMPLES from `/metrics`, keyed `name` or `name:kind`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with contextlib.suppress(OSError, ValueError):
+        with urllib.request.urlopen(http_url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {f"{s.name}:{s.labels['kind']}" if "kind" in s.labels else s.name: s.value
+                for family in text_string_to_metric_families(text) for s in family.samples if s.name in SERVER_SAMPLES}
+    return {}
+
+
+def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """Where the server's time went during one run, from the deltas of its cumulative metrics."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+    def mean(name: str, kind: str) -> float | None:
+        n = d.get(f"{name}_count:{kind}", 0.0)
+        return d[f"{name}_sum:{kind}"] / n if n else None
+
+    steps, busy = d.get("streamer_engine_steps_total", 0.0), d.get("streamer_engine_busy_seconds_total", 0.0)
+    return {"final_window_s": mean("streamer_window_seconds", "final"),
+            "final_first_token_s": mean("streamer_window_queue_wait_seconds", "final"),
+            "partial_window_s": mean("streamer_window_seconds", "partial"),
+            "engine_steps": int(steps), "step_ms": 1000 * busy / steps if steps else None,
+            "engine_busy": busy / wall_s if wall_s else None}
+
+
 def _health(http_url: str) -> dict | None:
     with contextlib.suppress(OSError, ValueError):
         with urllib.request.urlopen(http_url + "/health", timeout=5) as response:
@@ -248,14 +284,22 @@ COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50",
            "decode_p50", "decode_p95", "wer", "partial_churn", "stable_churn"]
 
 
+SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",
+                  "engine_busy"]
+
+
 def sweep(url: str, args) -> dict:
-    health = _health(url.replace("ws://", "http://").replace("wss://", "https://")) or {}
+    http_url = url.replace("ws://", "http://").replace("wss://", "https://")
+    health = _health(http_url) or {}
     files = recordings(max(args.clients), args.seconds)
     runs, best, held_so_far = [], 0, True
     for n in args.clients:
+        before = _server_samples(http_url)
         summary = asyncio.run(run_load(url, n, files, args.pace))
+        summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
         runs.append(summary)
         print(table([summary], COLUMNS), flush=True)
+        print(table([{"clients": n, **summary["server"]}], SERVER_COLUMNS), flush=True)
         held = summary["failed"] == 0 and summary["final_p95"] is not None and summary["final_p95"] < args.target
         held_so_far = held_so_far and held
         if held_so_far:
@@ -287,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         result = sweep(url.rstrip("/"), args)
     print()
     print(table(result["runs"], COLUMNS))
+    print(table([{"clients": r["clients"], **r["server"]} for r in result["runs"]], SERVER_COLUMNS))
     print(f"\nhighest N with p95 finalisation < {args.target:g} s: {result['max_clients_held']}")
     device = (result["device"] or "unknown").split(":")[0]
     path = Path(args.out) if args.out else None

@@ -103,6 +103,8 @@ class EngineMetrics:
     tokens: int = 0
     windows: int = 0
     last_step_s: float = 0.0
+    busy_s: float = 0.0
+    """Wall time spent in steps (encoder and decoder) since the engine started."""
     last_encoder_batch: int = 0
     step_times: deque = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
@@ -301,6 +303,7 @@ class Engine:
         m.tokens += len(res.tokens)
         m.windows += len(res.encoded)
         m.last_step_s = dt
+        m.busy_s += dt
         m.last_encoder_batch = len(plan.encode)
         m.step_times.append(dt)
 
@@ -386,7 +389,7 @@ class Engine:
         return {
             "queue_depth": self.scheduler.queue_depth, "live_sequences": self.scheduler.live,
             "free_slots": self.scheduler.free_slots, "slots": self.runner.n_slots, "steps": m.steps,
-            "tokens": m.tokens, "windows": m.windows, "tokens_per_s": m.tokens / elapsed,
+            "tokens": m.tokens, "windows": m.windows, "tokens_per_s": m.tokens / elapsed, "busy_s": m.busy_s,
             "last_step_ms": 1000 * m.last_step_s, "encoder_batch": m.last_encoder_batch,
             "step_ms_p50": 1000 * times[len(times) // 2] if times else 0.0,
         }

@@ -12,12 +12,18 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.model.decoding import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import KVCache
+
+# Attention backends a step may use. Not cuDNN: it builds an execution plan for every new shape
+# (0.1-0.6 s each on an H200, torch 2.11), and the prefill's shape changes with every prompt
+# length, so each live final waited 0.6 s for its plan. Flash and memory-efficient need none.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
 GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
@@ -87,9 +93,12 @@ class Runner:
 
     # --- one engine step ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def step(self, encode: list, released: list[str] = ()) -> StepResult:
         """Drop `released` sequences, decode one token for every live one, then admit `encode`."""
+        with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
+            return self._step(encode, released)
+
+    def _step(self, encode: list, released: list[str]) -> StepResult:
         out = StepResult()
         for rid in set(released):
             for i in reversed(range(len(self.slots))):
@@ -207,7 +216,7 @@ class Runner:
     def warmup(self) -> None:
         """Capture every graph bucket up to the slot count now, not on the first busy step."""
         if self.use_graphs:
-            with torch.inference_mode():
+            with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
                 for b in GRAPH_BUCKETS:
                     if b > self.n_slots:
                         break

@@ -308,4 +308,6 @@ class Bridge:
         async for _ in handle.tokens():
             self.metrics.queue_wait.labels(kind).observe(time.monotonic() - handle.submitted)
             break
-        return await handle.result()
+        result = await handle.result()
+        self.metrics.window_time.labels(kind).observe(time.monotonic() - handle.submitted)
+        return result

@@ -37,9 +37,10 @@ class _EngineCollector(Collector):
         }
         for key, help_text in gauges.items():
             yield GaugeMetricFamily(f"streamer_engine_{key}", help_text, value=float(m.get(key, 0)))
-        counters = {"tokens": "Tokens decoded", "windows": "Windows encoded", "steps": "Engine steps"}
-        for key, help_text in counters.items():
-            yield CounterMetricFamily(f"streamer_engine_{key}", help_text, value=float(m.get(key, 0)))
+        counters = {"tokens": ("tokens", "Tokens decoded"), "windows": ("windows", "Windows encoded"),
+                    "steps": ("steps", "Engine steps"), "busy_seconds": ("busy_s", "Wall time spent in engine steps")}
+        for name, (key, help_text) in counters.items():
+            yield CounterMetricFamily(f"streamer_engine_{name}", help_text, value=float(m.get(key, 0)))
 
 
 class Metrics:
@@ -60,6 +61,10 @@ class Metrics:
         self.queue_wait = Histogram(
             "streamer_window_queue_wait_seconds",
             "From submitting a window to its first decoded token (queue wait plus the encoder pass)",
+            ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.window_time = Histogram(
+            "streamer_window_seconds",
+            "From submitting a live window to its result (queue, encoder, decoding, fallback attempts)",
             ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.errors = Counter("streamer_errors_total", "Error events and responses sent, by code", ["code"],
                               registry=self.registry)

@@ -136,6 +136,24 @@ def test_tokens_stream_before_the_result(tiny, jfk_path):
     assert [t for t, _ in seen if t != tiny.tokenizer.eot] == result.tokens
 
 
+def test_warm_up_leaves_no_trace(tiny, manifest):
+    """The admission warm-up (run by the constructor on CUDA) frees every slot it took and changes
+    no later decode, greedy or beam search."""
+    jobs = [(a, DecodeOptions(temperatures=(0.0,), beam_size=b)) for a, b in zip(_pick(manifest, "en", 2, skip=20), (1, 3))]
+    results = {}
+    for warm in (False, True):
+        engine = Engine(tiny, EngineConfig(max_slots=8))
+        try:
+            if warm:
+                engine.warm_admission()
+                assert engine.runner.live == 0
+            results[warm] = asyncio.run(_all_at_once(engine, jobs))
+        finally:
+            engine.close()
+    assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
+    assert all(r.text for r in results[True])
+
+
 def test_beam_search_shares_steps_with_greedy(tiny, manifest):
     audios = _pick(manifest, "en", 4, skip=60)
     greedy, beam = DecodeOptions(temperatures=(0.0,)), DecodeOptions(beam_size=5, temperatures=(0.0,))

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from streamer.config import EngineConfig, ModelConfig
-from streamer.engine.request import DecodeOptions, Priority, Request, RequestState, Result
+from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Priority, Request, RequestState, Result
 from streamer.engine.beam import MAX_BEAM
 from streamer.engine.runner import Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
@@ -32,6 +32,9 @@ from streamer.model.whisper import KVCache
 from streamer.types import Segment
 
 log = logging.getLogger("streamer.engine")
+
+WARMUP_MAX_STEPS = 32
+"""Decoder steps a warm-up window of silence may take (it usually ends at once)."""
 
 # How long a caller is willing to wait for admission, by class: the scheduler orders by deadline.
 ADMISSION_DEADLINE_S = {Priority.FINAL: 0.0, Priority.PARTIAL: 0.2, Priority.FILE: 5.0}
@@ -132,6 +135,8 @@ class Engine:
         slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8, config.overlap_encoder)
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
+        if self.runner.device.type == "cuda":
+            self.warm_admission()
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
         self.metrics_data = EngineMetrics()
         self._handles: dict[str, Handle] = {}
@@ -140,6 +145,26 @@ class Engine:
         self._closed = False
         self._calls: list = []
         self._thread: threading.Thread | None = None
+
+    def warm_admission(self) -> None:
+        """Admit and decode a few windows of silence through each admission path before serving.
+
+        On CUDA the first use of a kernel specialisation compiles it (Triton) or plans it: 0.3 to
+        3 s on an H200, paid by the first live finals of the server otherwise. Prompts of several
+        lengths, with and without timestamps, a beam search and a batch of two cover the shapes
+        a prefill takes. Call before the engine thread starts (the constructor does, on CUDA)."""
+        silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
+        batches = [[DecodeOptions()], [DecodeOptions(timestamps=False), DecodeOptions(prompt="warm " * 13)],
+                   [DecodeOptions(prompt="warm " * 40)], [DecodeOptions(beam_size=2, prompt="warm " * 5)]]
+        for i, batch in enumerate(batches):
+            requests = [Request(id=f"warmup{i}.{j}", audio=silence, options=dataclasses.replace(o, temperatures=(0.0,)),
+                                priority=Priority.FILE, deadline=0.0, arrival=0.0) for j, o in enumerate(batch)]
+            self.runner.step(requests)
+            for _ in range(WARMUP_MAX_STEPS):
+                if not self.runner.slots:
+                    break
+                self.runner.step([])
+            self.runner.step([], released=[s.id for s in self.runner.slots])
 
     @classmethod
     def load(cls, model: ModelConfig = ModelConfig(), config: EngineConfig = EngineConfig()) -> "Engine":
@@ -343,7 +368,7 @@ class Engine:
     def build_result(self, seq: Sequence) -> Result:
         tok = self.tokenizer
         req = seq.request
-        duration = (len(req.audio) if req.audio is not None else 480000) / 16000
+        duration = (len(req.audio) if req.audio is not None else MAX_WINDOW_SAMPLES) / SAMPLE_RATE
         tokens = [t for t in seq.tokens if t != tok.eot]
         text = tok.decode(tokens)
         avg_logprob = seq.sum_logprob / max(1, len(seq.tokens))

@@ -20,11 +20,12 @@ from typing import AsyncIterator
 
 import numpy as np
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from streamer.config import EngineConfig, ModelConfig
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Priority, Request, RequestState, Result
 from streamer.engine.beam import MAX_BEAM
-from streamer.engine.runner import Runner, Sequence
+from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
 from streamer.model.decoding import best_attempt, compression_ratio, is_silence, needs_fallback, split_segments
 from streamer.model.weights import LoadedModel, load_model
@@ -136,6 +137,7 @@ class Engine:
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8, config.overlap_encoder)
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         if self.runner.device.type == "cuda":
+            self.runner.warm_encoder(enc_batch)
             self.warm_admission()
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
         self.metrics_data = EngineMetrics()
@@ -270,7 +272,8 @@ class Engine:
             calls, self._calls = self._calls, []
         for fn, args, future in calls:
             try:
-                value, error = fn(*args), None
+                with sdpa_kernel(SDPA_BACKENDS):  # varying shapes (e.g. alignment): no cuDNN plans
+                    value, error = fn(*args), None
             except Exception as e:
                 value, error = None, e
             loop = future.get_loop()

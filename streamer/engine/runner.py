@@ -11,19 +11,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
+from streamer.engine.request import SAMPLE_RATE
 from streamer.model.decoding import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import KVCache
 
-# Attention backends a step may use. Not cuDNN: it builds an execution plan for every new shape
-# (0.1-0.6 s each on an H200, torch 2.11), and the prefill's shape changes with every prompt
-# length, so each live final waited 0.6 s for its plan. Flash and memory-efficient need none.
+# Attention backends of the decoder. Not cuDNN: it builds an execution plan for every new shape
+# (0.1-1 s each on an H200, torch 2.11), and a prefill's shape changes with every prompt length,
+# so each live final waited 0.6 s for its plan. Flash and memory-efficient attention need none.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# The encoder keeps torch's own choice (cuDNN included): its shapes are one per batch size, and
+# `warm_encoder` has every plan built before serving.
+ENCODER_SDPA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SDPA_BACKENDS]
 
 # Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
 GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
@@ -47,6 +52,14 @@ class Sequence:
     @property
     def id(self) -> str:
         return self.request.id
+
+
+@dataclass
+class _Silence:
+    """What `_encode` reads of a request, for the warm-up."""
+
+    audio: object
+    features: object = None
 
 
 @dataclass
@@ -281,7 +294,15 @@ class Runner:
         else:
             mel = torch.stack([torch.as_tensor(f) if f is not None else
                                log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
-        return self.model.encoder(mel.to(self.dtype))
+        with sdpa_kernel(ENCODER_SDPA_BACKENDS):
+            return self.model.encoder(mel.to(self.dtype))
+
+    def warm_encoder(self, max_batch: int) -> None:
+        """Run the encoder once at every batch size up to `max_batch` (kernel plans, allocations)."""
+        silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
+        with torch.inference_mode():
+            for b in range(1, max_batch + 1):
+                self._encode([_Silence(silence)] * b)
 
     def _admit(self, requests: list, out: StepResult, audio_features: torch.Tensor | None = None) -> None:
         """Prefill `requests` into free slots; `audio_features` when their encoder pass already ran."""

@@ -127,6 +127,30 @@ def test_greedy_tokens_equal_transformers_generate(tiny, hf_model, manifest, jfk
     assert "ask not what your country can do for you" in tiny.tokenizer.decode(ours[0])
 
 
+def test_cpu_layouts_compute_the_same_step(jfk_path):
+    """`TextDecoder.cpu_layout()` (transposed copies for one-token GEMVs) changes speed, not values."""
+    from streamer.model.whisper import KVCache
+
+    loaded = load_model("tiny.en")
+    model, dims = loaded.model, loaded.dims
+    with torch.inference_mode():
+        audio_features = model.encoder(log_mel_spectrogram(decode_audio(jfk_path), dims.n_mels))
+        tokens = torch.tensor([loaded.tokenizer.sot_sequence(None, "transcribe", False) + [634, 1029]])
+        positions = torch.arange(tokens.shape[1])[None]
+        out = []
+        for layout in (False, True):
+            if layout:
+                model.decoder.cpu_layout()
+            cache = KVCache(dims, 1, torch.device("cpu"), torch.float32)
+            model.decoder.write_cross_kv(audio_features, cache, 0)
+            prefill = model.decoder(tokens[:, :-1], positions[:, :-1], 0, cache)
+            step = model.decoder(tokens[:, -1:], positions[:, -1:], 0, cache)
+            out.append((model.decoder.logits(prefill), model.decoder.logits(step)))
+    assert model.decoder.blocks[0].qkv_t is not None
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_tokenizer_decodes_and_derives_timestamps(tiny):
     tok = tiny.tokenizer
     ids = tok.encode(" Hello world")

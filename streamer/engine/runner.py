@@ -30,6 +30,11 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 # `warm_encoder` has every plan built before serving.
 ENCODER_SDPA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SDPA_BACKENDS]
 
+# On the CPU a decoder step over a few rows is a handful of GEMVs, and in the engine's thread a
+# second intra-op thread costs more than it brings (tiny.en, 2 cores, one row: 11.3 ms with one
+# thread, 14.5 ms with two; two win from 8 rows). The encoder is compute-bound and keeps them all.
+CPU_SINGLE_THREAD_ROWS = 4
+
 # Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
 GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
@@ -84,13 +89,15 @@ class Runner:
         self.max_new_tokens = max_new_tokens
         self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_fp8=cross_fp8)
         if self.device.type == "cpu":
-            self.model.decoder.cpu_logits()
+            self.model.decoder.cpu_layout()
         self.state = SamplerState.allocate(n_slots, self.device)
         self.rules = LogitRules(self.tok, self.dims.n_vocab, loaded.suppress_tokens, loaded.begin_suppress_tokens, self.device)
         self.tokens_in = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        self.cpu_threads = torch.get_num_threads()
+        """Intra-op threads of the CPU encoder (torch's setting when the runner was made)."""
         # A second stream for the encoder, so that a step's encoder pass (compute-bound) runs beside
         # its decoder step (memory-bound) instead of after it.
         self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
@@ -128,7 +135,14 @@ class Runner:
             t0 = time.perf_counter()
             n = len(self.slots)
             any_hot = any(s.request.temperature > 0 for s in self.slots)
-            tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
+            single = self.device.type == "cpu" and n <= CPU_SINGLE_THREAD_ROWS and self.cpu_threads > 1
+            if single:
+                torch.set_num_threads(1)
+            try:
+                tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
+            finally:
+                if single:
+                    torch.set_num_threads(self.cpu_threads)
             self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
             out.decode_s = time.perf_counter() - t0
         if encode:

@@ -229,6 +229,8 @@ class TextDecoder(nn.Module):
         (memory-bound GEMVs): the output projection and each block's qkv and fc1."""
         self.proj_t = self.token_embedding.weight.detach().t().contiguous()
         for block in self.blocks:
+            if block.fused:  # a precision preset's path (kernels, FP8 linears) reads its own weights
+                continue
             block.qkv_t = block.qkv.weight.detach().t().contiguous()
             block.fc1_t = block.fc1.weight.detach().t().contiguous()
 

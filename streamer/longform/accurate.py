@@ -1,8 +1,10 @@
 """accurate: openai/whisper's sequential seek, one window after another, each conditioned on the text
 before it.
 
-A window starts at `seek` and ends at the last pause (silero-vad) within 30 s; it is decoded with
-segment timestamps and the tokens so far as prompt. Segments closed by a timestamp pair are kept;
+A window starts at `seek` and holds the next 30 s of audio, as in openai/whisper (ending it at the
+last pause within 30 s instead, the model lost the context after it: 6-minute recording 2.96 % WER
+against 2.73 %, 15-minute join 2.57 % against 2.01 %); it is decoded with segment timestamps and the
+tokens so far as prompt. Segments closed by a timestamp pair are kept;
 the last segment is kept too when the text ends on a single timestamp (the model says the speech
 ended there), and then the whole window is consumed. Otherwise the text after the last complete
 segment is dropped and `seek` moves to that segment's end, so a word cut by the window's edge is
@@ -68,18 +70,6 @@ def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) 
     return [(tokenizer.time_of(stamps[0]) if stamps and is_ts[0] else 0.0, end, [t for t in tokens if t < tokenizer.eot])], window_s, len(tokens)
 
 
-def _window_end(speech: list[tuple[int, int]], first: int, seek: int, n: int) -> int:
-    """End of the window that starts at `seek`: the end of the last stretch of speech that fits in
-    30 s, so that the window closes in a pause; 30 s when none does."""
-    limit = min(n, seek + MAX_WINDOW_SAMPLES)
-    end = None
-    for _start, speech_end in speech[first:]:
-        if speech_end > limit:
-            break
-        end = speech_end
-    return end if end is not None and end > seek else limit
-
-
 async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
                               on_progress: Callable[[float], None] | None = None,
                               on_segments: Callable[[list[TranscriptSegment]], None] | None = None) -> Transcript:
@@ -105,7 +95,7 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         seek = max(seek, speech[next_speech][0])
         if n - seek < MIN_WINDOW_S * SAMPLE_RATE:
             break
-        window = Window(start=seek, length=_window_end(speech, next_speech, seek, n) - seek)
+        window = Window(start=seek, length=min(n, seek + MAX_WINDOW_SAMPLES) - seek)
         opts = dataclasses.replace(options, timestamps=True, language=language, prompt=None, beam_size=beam_size,
                                    prompt_tokens=tuple(prompt[-MAX_PROMPT_TOKENS:]) or None)
         result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))

@@ -70,11 +70,6 @@ class EncoderBlock(nn.Module):
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
         self.fused = False  # set by streamer.model.fused.apply_precision (CUDA kernels, FP8 sites)
-        # [in, out] copies of the widening projections (qkv, fc1) for the CPU, set by
-        # `TextDecoder.cpu_layout()`: a one-token step reads them 1.7x faster in this layout
-        # (tiny.en, one core: 16.8 against 9.2 GB/s); the narrowing fc2 is faster as it is.
-        self.qkv_t: Tensor | None = None
-        self.fc1_t: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [B, T, D]

@@ -137,14 +137,15 @@ def test_tokens_stream_before_the_result(tiny, jfk_path):
 
 
 def test_warm_up_leaves_no_trace(tiny, manifest):
-    """The admission warm-up (run by the constructor on CUDA) frees every slot it took and changes
-    no later decode, greedy or beam search."""
+    """The warm-ups (run by the constructor on CUDA: the encoder at every batch size, then a few
+    admissions) free every slot they took and change no later decode, greedy or beam search."""
     jobs = [(a, DecodeOptions(temperatures=(0.0,), beam_size=b)) for a, b in zip(_pick(manifest, "en", 2, skip=20), (1, 3))]
     results = {}
     for warm in (False, True):
         engine = Engine(tiny, EngineConfig(max_slots=8))
         try:
             if warm:
+                engine.runner.warm_encoder(3)
                 engine.warm_admission()
                 assert engine.runner.live == 0
             results[warm] = asyncio.run(_all_at_once(engine, jobs))

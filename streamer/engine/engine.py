@@ -117,9 +117,11 @@ class EngineMetrics:
 class Engine:
     """One model on one device, shared by every session and upload of the process."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(), precision: str | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(), precision: str | None = None,
+                 cpu_threads: int | None = None):
         """`precision`: a `cuda_ops` preset (kernels + FP8 sites) applied to the model; None keeps
-        the plain PyTorch model."""
+        the plain PyTorch model. `cpu_threads`: intra-op threads of the model thread on the CPU
+        (None: torch's current setting)."""
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config
@@ -135,6 +137,7 @@ class Engine:
         device = next(loaded.model.parameters()).device
         slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8, config.overlap_encoder)
+        self.cpu_threads = cpu_threads or torch.get_num_threads()
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         if self.runner.device.type == "cuda":
             self.runner.warm_encoder(enc_batch)
@@ -176,7 +179,19 @@ class Engine:
             torch.cuda.set_per_process_memory_fraction(min(1.0, config.vram_limit_gb * 2**30 / total), device)
         # Our kernels and FP8 sites need CUDA (and fp16/bf16); the CPU runs the plain model.
         precision = model.precision if device.type == "cuda" and dtype != torch.float32 else None
-        return cls(load_model(model.model, device, dtype), config, precision)
+        if device.type != "cpu":
+            return cls(load_model(model.model, device, dtype), config, precision)
+        # On the CPU only the model thread runs torch on several threads. Every thread that ever
+        # ran a parallel op keeps an OpenMP pool, and once the threads libgomp manages outnumber
+        # the cores it stops spin-waiting: each of a decoder step's ~60 small ops then pays a
+        # wake-up (tiny.en, 2 cores, 29-s window: 1.24 s with the loading thread's pool, 1.12 s
+        # without). So the model is loaded on one thread.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return cls(load_model(model.model, device, dtype), config, precision, cpu_threads=threads)
+        finally:
+            torch.set_num_threads(threads)
 
     @staticmethod
     def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_fp8: bool) -> tuple[int, int]:
@@ -284,6 +299,8 @@ class Engine:
     # --- the model thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.runner.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)  # this thread's own setting
         while True:
             if self._calls:
                 self._run_calls()

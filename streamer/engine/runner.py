@@ -30,11 +30,6 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 # `warm_encoder` has every plan built before serving.
 ENCODER_SDPA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SDPA_BACKENDS]
 
-# On the CPU a decoder step over a few rows is a handful of GEMVs, and in the engine's thread a
-# second intra-op thread costs more than it brings (tiny.en, 2 cores, one row: 11.3 ms with one
-# thread, 14.5 ms with two; two win from 8 rows). The encoder is compute-bound and keeps them all.
-CPU_SINGLE_THREAD_ROWS = 4
-
 # Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
 GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
@@ -96,8 +91,6 @@ class Runner:
         self.positions = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
-        self.cpu_threads = torch.get_num_threads()
-        """Intra-op threads of the CPU encoder (torch's setting when the runner was made)."""
         # A second stream for the encoder, so that a step's encoder pass (compute-bound) runs beside
         # its decoder step (memory-bound) instead of after it.
         self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
@@ -135,14 +128,7 @@ class Runner:
             t0 = time.perf_counter()
             n = len(self.slots)
             any_hot = any(s.request.temperature > 0 for s in self.slots)
-            single = self.device.type == "cpu" and n <= CPU_SINGLE_THREAD_ROWS and self.cpu_threads > 1
-            if single:
-                torch.set_num_threads(1)
-            try:
-                tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
-            finally:
-                if single:
-                    torch.set_num_threads(self.cpu_threads)
+            tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
             self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
             out.decode_s = time.perf_counter() - t0
         if encode:

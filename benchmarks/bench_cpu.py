@@ -44,7 +44,8 @@ def window(args) -> tuple:
 
 
 def build(name: str, args, audio):
-    """A function that transcribes `audio` with system `name` and returns its token count."""
+    """A function that transcribes `audio` with system `name` and returns its token count; for
+    ours also the many-files measurement."""
     import numpy as np
     import torch
 
@@ -55,8 +56,8 @@ def build(name: str, args, audio):
 
         engine = Engine.load(ModelConfig(model=args.model, device="cpu"), EngineConfig())
         loop = asyncio.new_event_loop()
-        build.engine, build.loop = engine, loop  # for the many-files run
-        return lambda: len(loop.run_until_complete(engine.transcribe(audio, DecodeOptions(temperatures=(0.0,)))).tokens)
+        return (lambda: len(loop.run_until_complete(engine.transcribe(audio, DecodeOptions(temperatures=(0.0,)))).tokens),
+                lambda: many_files(engine, loop, args))
     from streamer.model.weights import load_model
 
     loaded = load_model(args.model)
@@ -74,7 +75,7 @@ def build(name: str, args, audio):
             with torch.inference_mode():
                 feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
                 return hf.generate(feats, max_new_tokens=224).shape[1]
-        return run_hf
+        return run_hf, None
     import ctranslate2
     from faster_whisper import WhisperModel
 
@@ -85,7 +86,7 @@ def build(name: str, args, audio):
             segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=False, without_timestamps=True,
                                         temperature=0.0)
             return sum(len(s.tokens) for s in segments)
-        return run_fw
+        return run_fw, None
     # faster-whisper's engine (CTranslate2, fp32) on our log-mel, i.e. audio padded to 30 s as
     # transformers pads it (faster-whisper pads the spectrogram instead): the same input, so the
     # same tokens, and the time per window compares like with like.
@@ -97,15 +98,14 @@ def build(name: str, args, audio):
     def run_ct2():
         mel = ctranslate2.StorageView.from_array(np.ascontiguousarray(log_mel_spectrogram(audio, loaded.dims.n_mels).numpy()))
         return len(ct.generate(mel, prompt, beam_size=1, max_length=224, suppress_blank=True, suppress_tokens=[-1])[0].sequences_ids[0])
-    return run_ct2
+    return run_ct2, None
 
 
-def many_files(args) -> dict:
+def many_files(engine, loop, args) -> dict:
     """Many recordings in one call share engine steps (what `streamer transcribe a b c ...` does)."""
     from streamer.audio.decode import decode_audio
     from streamer.engine.request import DecodeOptions
 
-    engine, loop = build.engine, build.loop
     clips = [decode_audio(r["path"]) for r in manifest("en")[:args.files]]
 
     async def together():
@@ -131,7 +131,7 @@ def worker(name: str, args, conn) -> None:
 
     torch.set_num_threads(args.threads)
     audio, _ = window(args)
-    run = build(name, args, audio)
+    run, many = build(name, args, audio)
     conn.send(run())  # warm-up; its token count
     while (command := conn.recv()) != "stop":
         if command == "run":
@@ -139,9 +139,7 @@ def worker(name: str, args, conn) -> None:
             run()
             conn.send(time.perf_counter() - t0)
         else:
-            conn.send(many_files(args))
-    if name == OURS:
-        build.engine.close()
+            conn.send(many())
 
 
 def main() -> None:

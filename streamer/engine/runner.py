@@ -55,14 +55,6 @@ class Sequence:
 
 
 @dataclass
-class _Silence:
-    """What `_encode` reads of a request, for the warm-up."""
-
-    audio: object
-    features: object = None
-
-
-@dataclass
 class StepResult:
     encoded: list[str] = field(default_factory=list)
     tokens: list[tuple[str, int]] = field(default_factory=list)  # (request id, sampled token)
@@ -294,6 +286,9 @@ class Runner:
         else:
             mel = torch.stack([torch.as_tensor(f) if f is not None else
                                log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
+        return self._encoder(mel)
+
+    def _encoder(self, mel: torch.Tensor) -> torch.Tensor:
         with sdpa_kernel(ENCODER_SDPA_BACKENDS):
             return self.model.encoder(mel.to(self.dtype))
 
@@ -302,7 +297,7 @@ class Runner:
         silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
         with torch.inference_mode():
             for b in range(1, max_batch + 1):
-                self._encode([_Silence(silence)] * b)
+                self._encoder(log_mel_spectrogram([silence] * b, self.dims.n_mels, device=self.device))
 
     def _admit(self, requests: list, out: StepResult, audio_features: torch.Tensor | None = None) -> None:
         """Prefill `requests` into free slots; `audio_features` when their encoder pass already ran."""

@@ -127,8 +127,9 @@ def test_greedy_tokens_equal_transformers_generate(tiny, hf_model, manifest, jfk
     assert "ask not what your country can do for you" in tiny.tokenizer.decode(ours[0])
 
 
-def test_cpu_layouts_compute_the_same_step(jfk_path):
-    """`TextDecoder.cpu_layout()` (transposed copies for one-token GEMVs) changes speed, not values."""
+def test_cpu_half_weights_compute_the_same_step(jfk_path):
+    """`TextDecoder.cpu_half_weights()` (float16 weights, float32 arithmetic) changes speed, not
+    values: tiny.en's weights are float16 values, so the products are the float32 ones."""
     from streamer.model.whisper import KVCache
 
     loaded = load_model("tiny.en")
@@ -138,17 +139,27 @@ def test_cpu_layouts_compute_the_same_step(jfk_path):
         tokens = torch.tensor([loaded.tokenizer.sot_sequence(None, "transcribe", False) + [634, 1029]])
         positions = torch.arange(tokens.shape[1])[None]
         out = []
-        for layout in (False, True):
-            if layout:
-                model.decoder.cpu_layout()
+        for half in (False, True):
+            if half:
+                assert model.decoder.cpu_half_weights()
             cache = KVCache(dims, 1, torch.device("cpu"), torch.float32)
             model.decoder.write_cross_kv(audio_features, cache, 0)
             prefill = model.decoder(tokens[:, :-1], positions[:, :-1], 0, cache)
             step = model.decoder(tokens[:, -1:], positions[:, -1:], 0, cache)
             out.append((model.decoder.logits(prefill), model.decoder.logits(step)))
-    assert model.decoder.blocks[0].qkv_t is not None
+    assert set(model.decoder.blocks[0].half_weights) == {"qkv", "attn_out", "cross_q", "cross_out", "fc1", "fc2"}
     for a, b in zip(*out):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_cpu_half_weights_only_for_float16_values():
+    """A checkpoint whose weights are not all float16 values keeps its float32 step."""
+    loaded = load_model("tiny.en")
+    with torch.no_grad():
+        loaded.model.decoder.blocks[1].fc2.weight[0, 0] += 1e-6
+    assert not loaded.model.decoder.cpu_half_weights()
+    assert loaded.model.decoder.proj_half is None and not loaded.model.decoder.blocks[0].half_weights
 
 
 def test_tokenizer_decodes_and_derives_timestamps(tiny):

@@ -76,7 +76,7 @@ class Runner:
         self.max_new_tokens = max_new_tokens
         self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_fp8=cross_fp8)
         if self.device.type == "cpu":
-            self.model.decoder.cpu_layout()
+            self.model.decoder.cpu_half_weights()
         self.state = SamplerState.allocate(n_slots, self.device)
         self.rules = LogitRules(self.tok, self.dims.n_vocab, loaded.suppress_tokens, loaded.begin_suppress_tokens, self.device)
         self.tokens_in = torch.zeros(n_slots, dtype=torch.long, device=self.device)

@@ -14,6 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from streamer.model import cpu_linear
+from streamer.model.cpu_linear import HalfWeightLinear
+
+HALF_LINEARS = ("qkv", "attn_out", "cross_q", "cross_out", "fc1", "fc2")
+"""The linears of a decoder block that run per token (cross_kv runs once per window)."""
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -168,11 +174,9 @@ class DecoderBlock(nn.Module):
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
         self.fused = False  # set by streamer.model.fused.apply_precision (CUDA kernels, FP8 sites)
-        # [in, out] copies of the widening projections (qkv, fc1) for the CPU, set by
-        # `TextDecoder.cpu_layout()`: a one-token step reads them 1.7x faster in this layout
-        # (tiny.en, one core: 16.8 against 9.2 GB/s); the narrowing fc2 is faster as it is.
-        self.qkv_t: Tensor | None = None
-        self.fc1_t: Tensor | None = None
+        # float16-weight copies of the per-token linears for the CPU, by name; set by
+        # `TextDecoder.cpu_half_weights()`.
+        self.half_weights: dict[str, HalfWeightLinear] = {}
 
     def forward(self, x: Tensor, index: tuple[Tensor, Tensor], mask: Tensor, self_k: Tensor, self_v: Tensor,
                 cross: tuple) -> Tensor:
@@ -185,24 +189,21 @@ class DecoderBlock(nn.Module):
 
             return decoder_block(self, x, index, mask, self_k, self_v, cross)
         cross_k, cross_v, _, _ = cross
-        q, k, v = _project(self.qkv, self.qkv_t, self.attn_ln(x)).chunk(3, dim=-1)
+        q, k, v = self._linear("qkv", self.attn_ln(x)).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.n_head) for t in (q, k, v))
         rows, positions = index
         self_k[rows, :, positions] = k.transpose(1, 2)  # [B, T, H, Dh] at (row, position)
         self_v[rows, :, positions] = v.transpose(1, 2)
         a = _attend(q, self_k, self_v, mask)
-        x = x + self.attn_out(_merge_heads(a))
-        q = _split_heads(self.cross_q(self.cross_ln(x)), self.n_head)
+        x = x + self._linear("attn_out", _merge_heads(a))
+        q = _split_heads(self._linear("cross_q", self.cross_ln(x)), self.n_head)
         a = _attend(q, cross_k, cross_v)
-        x = x + self.cross_out(_merge_heads(a))
-        return x + self.fc2(F.gelu(_project(self.fc1, self.fc1_t, self.mlp_ln(x))))
+        x = x + self._linear("cross_out", _merge_heads(a))
+        return x + self._linear("fc2", F.gelu(self._linear("fc1", self.mlp_ln(x))))
 
-
-def _project(linear: nn.Linear, weight_t: Tensor | None, x: Tensor) -> Tensor:
-    """`linear(x)`, through its [in, out] copy when there is one."""
-    if weight_t is None:
-        return linear(x)
-    return torch.addmm(linear.bias, x.reshape(-1, x.shape[-1]), weight_t).view(*x.shape[:-1], -1)
+    def _linear(self, name: str, x: Tensor) -> Tensor:
+        half = self.half_weights.get(name)
+        return getattr(self, name)(x) if half is None else half(x)
 
 
 class TextDecoder(nn.Module):
@@ -214,20 +215,25 @@ class TextDecoder(nn.Module):
         self.register_buffer("positional_embedding", torch.zeros(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
-        # [D, V] row-major copy of the tied output projection, for the CPU: there a one-token step's
-        # logits are a GEMV over the whole vocabulary, 2.5x faster over this layout than over the
-        # embedding's [V, D] (tiny.en: 7.5 against 19 ms on 2 cores). Set by `cpu_layout()`.
-        self.proj_t: torch.Tensor | None = None
+        # float16-weight copy of the tied output projection for the CPU, set by `cpu_half_weights()`.
+        self.proj_half: HalfWeightLinear | None = None
 
-    def cpu_layout(self) -> None:
-        """Copies of the weights in the layouts a one-token step reads fastest on the CPU
-        (memory-bound GEMVs): the output projection and each block's qkv and fc1."""
-        self.proj_t = self.token_embedding.weight.detach().t().contiguous()
-        for block in self.blocks:
-            if block.fused:  # a precision preset's path (kernels, FP8 linears) reads its own weights
-                continue
-            block.qkv_t = block.qkv.weight.detach().t().contiguous()
-            block.fc1_t = block.fc1.weight.detach().t().contiguous()
+    def cpu_half_weights(self) -> bool:
+        """Float16-weight copies of the linears a decoder step reads (`cpu_linear`): half the bytes
+        of a memory-bound step, the same float32 arithmetic. Only where every such weight is a
+        float16 value (true of OpenAI's checkpoints and CTranslate2 bundles), so outputs keep their
+        float32 values; returns whether the copies were made."""
+        blocks = [b for b in self.blocks if not b.fused]  # a preset's fused path reads its own weights
+        linears = [(b, name) for b in blocks for name in HALF_LINEARS]
+        weights = [self.token_embedding.weight] + [getattr(b, name).weight for b, name in linears]
+        if not cpu_linear.available() or any(w.dtype != torch.float32 or not cpu_linear.exact_in_fp16(w)
+                                             for w in weights):
+            return False
+        for b, name in linears:
+            linear = getattr(b, name)
+            b.half_weights[name] = HalfWeightLinear(linear.weight, linear.bias)
+        self.proj_half = HalfWeightLinear(self.token_embedding.weight)
+        return True
 
     def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
@@ -265,8 +271,9 @@ class TextDecoder(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         # hidden: [..., D] -> [..., n_vocab] in float32 (the output projection is tied to the embedding)
-        weight = self.proj_t if self.proj_t is not None else self.token_embedding.weight.t()
-        return (self.ln(hidden) @ weight).float()
+        if self.proj_half is not None:
+            return self.proj_half(self.ln(hidden))
+        return (self.ln(hidden) @ self.token_embedding.weight.t()).float()
 
 
 class Whisper(nn.Module):

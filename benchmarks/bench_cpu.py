@@ -185,7 +185,8 @@ def main() -> None:
     print(table(rows, ["system", "seconds", "min_s", "max_s", "tokens", "ours_speedup"]))
     print(f"\n{many['files']} recordings ({many['audio_s']:.0f} s of audio): one after another {many['one_by_one_s']:.2f} s, "
           f"all at once {many['together_s']:.2f} s (ratio {many['ratio']:.2f})")
-    path = write_json(f"bench_cpu_{args.model}.json", {"command": f"python benchmarks/bench_cpu.py --model {args.model} "
+    suffix = "" if args.source == "long" else f"_{args.source}"
+    path = write_json(f"bench_cpu_{args.model}{suffix}.json", {"command": f"python benchmarks/bench_cpu.py --model {args.model} "
                       f"--threads {args.threads} --repeat {args.repeat} --source {args.source} --start {args.start:g}",
                       "environment": environment(), "audio_files": used, "rows": rows, "many_files": many})
     print(f"wrote {path}")

@@ -155,6 +155,30 @@ def test_warm_up_leaves_no_trace(tiny, manifest):
     assert all(r.text for r in results[True])
 
 
+def test_admission_warm_up_takes_the_prefill_shapes_of_live_finals(tiny):
+    """The admission warm-up prefills what a live stream's finals do, one token included: on an
+    English-only model a final with timestamps and no prompt starts from `<|startoftranscript|>`
+    alone, and a one-token prefill takes the one-token attention path (on CUDA, our decode
+    kernel at kv length 1: compiled by the first live final before it was warmed)."""
+    engine = Engine(tiny, EngineConfig(max_slots=8))
+    prefills = []
+
+    def record(module, args):
+        tokens, positions = args[0], args[1]
+        if int(positions[0, 0]) == 0:  # a prefill starts at position 0; decode steps do not
+            prefills.append(tuple(tokens.shape))
+
+    hook = engine.runner.model.decoder.register_forward_pre_hook(record)
+    try:
+        engine.warm_admission()
+        assert engine.runner.live == 0
+    finally:
+        hook.remove()
+        engine.close()
+    assert (1, 1) in prefills  # one window, `<|startoftranscript|>` alone
+    assert any(t > 1 for _, t in prefills) and any(b > 1 for b, _ in prefills)
+
+
 def test_beam_search_shares_steps_with_greedy(tiny, manifest):
     audios = _pick(manifest, "en", 4, skip=60)
     greedy, beam = DecodeOptions(temperatures=(0.0,)), DecodeOptions(beam_size=5, temperatures=(0.0,))

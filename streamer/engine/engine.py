@@ -157,9 +157,13 @@ class Engine:
         On CUDA the first use of a kernel specialisation compiles it (Triton) or plans it: 0.3 to
         3 s on an H200, paid by the first live finals of the server otherwise. Prompts of several
         lengths, with and without timestamps, a beam search and a batch of two cover the shapes
-        a prefill takes. Call before the engine thread starts (the constructor does, on CUDA)."""
+        a prefill takes; so does a window with timestamps and no prompt, whose prefill on an
+        English-only model is `<|startoftranscript|>` alone: one token, so it goes through the
+        one-token attention kernel (a live stream's first final; it compiled there, 0.8 s, until
+        this window was added). Call before the engine thread starts (the constructor does, on CUDA)."""
         silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
-        batches = [[DecodeOptions()], [DecodeOptions(timestamps=False), DecodeOptions(prompt="warm " * 13)],
+        batches = [[DecodeOptions(timestamps=True)], [DecodeOptions()],
+                   [DecodeOptions(timestamps=False), DecodeOptions(prompt="warm " * 13)],
                    [DecodeOptions(prompt="warm " * 40)], [DecodeOptions(beam_size=2, prompt="warm " * 5)]]
         for i, batch in enumerate(batches):
             requests = [Request(id=f"warmup{i}.{j}", audio=silence, options=dataclasses.replace(o, temperatures=(0.0,)),

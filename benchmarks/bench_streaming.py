@@ -127,7 +127,7 @@ async def stream_one(url: str, rec: Recording, pace: float, delay: float, start:
         return sent_at[max(i, 0)]
 
     try:
-        async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
+        async with websockets.connect(url + "/v1/stream", max_size=None, compression=None) as ws:
             await ws.send(json.dumps({"type": "start", **start}))
             ready = json.loads(await ws.recv())
             if ready["type"] != "ready":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -25,7 +26,9 @@ def manifest(language: str | None = None, folder: str = "asterisk/") -> list[dic
     return [r for r in rows if (language is None or r["language"] == language) and folder in r["audio"]]
 
 
+@functools.lru_cache(maxsize=None)
 def normalizer(language: str):
+    """Whisper's normaliser for `language` (built once: the English one reads a JSON file)."""
     from whisper_normalizer.basic import BasicTextNormalizer
     from whisper_normalizer.english import EnglishTextNormalizer
 

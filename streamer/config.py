@@ -104,18 +104,6 @@ class ServerConfig:
     """Default long-form mode of the file endpoints: `fast` or `accurate`."""
     shutdown_grace_s: float = 10.0
     """On shutdown, time given to open streams to receive their finals."""
-    vad_threads: int | None = None
-    """Threads that score live streams' audio with silero-vad beside the event loop (ONNX Runtime
-    releases the GIL); 0 scores on the event loop. None: half the cores, at most 8, where there
-    are 4 or more, else 0."""
-
-    def resolved_vad_threads(self, cores: int | None = None) -> int:
-        if self.vad_threads is not None:
-            if self.vad_threads < 0:
-                raise ValueError(f"vad_threads must be 0 or more, not {self.vad_threads}")
-            return self.vad_threads
-        cores = cores or os.cpu_count() or 1
-        return min(8, cores // 2) if cores >= 4 else 0
 
 
 @dataclass(frozen=True)
@@ -147,7 +135,6 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_UPLOAD_MB": ("server", "max_upload_mb"),
     "MAX_AUDIO_S": ("server", "max_audio_s"),
     "MODE": ("server", "mode"),
-    "VAD_THREADS": ("server", "vad_threads"),
 }
 
 

@@ -191,29 +191,3 @@ def test_streaming_wer_matches_offline(url, engine, manifest):
     streamed, batch = wer(reference, " ".join(f["text"] for f in finals)), wer(reference, offline_text)
     print(f"WER streamed {streamed:.3%}, offline {batch:.3%}")
     assert streamed <= batch + 0.01
-
-
-def test_vad_on_a_thread_pool_cuts_the_same_utterances(engine, manifest, jfk_path):
-    """`vad_threads`: scoring audio on a pool beside the event loop (chunks that arrive meanwhile
-    scored together, a flush waiting for the chunk in flight) gives the same events as scoring
-    on the loop: the same utterances at the same times, the same finals."""
-    rows = [r for r in manifest if "/en/asterisk/" in r["audio"] and 2 <= r["duration"] <= 4][:3]
-    gap = np.zeros(int(GAP_S * 16000), np.float32)
-    recording = np.concatenate([x for r in rows for x in (decode_audio(r["audio"]), gap)] +
-                               [decode_audio(jfk_path)[: int(1.9 * 16000)]])
-
-    async def flush(ws, events):  # mid-speech, with 20-ms chunks possibly still being scored
-        await ws.send(json.dumps({"type": "flush"}))
-
-    runs = {}
-    for threads in (0, 2):
-        app = create_app(load_settings({}, server={"vad_threads": threads}), engine)
-        with running(app) as base:
-            assert (app.state.streamer.vad_pool is not None) == (threads > 0)
-            events = asyncio.run(stream(base.replace("http://", "ws://"), s16(recording), {"partials": False},
-                                        frame_bytes=640, pace=None, before_stop=flush))
-        check_lifecycle(events, len(recording) / 16000)
-        runs[threads] = [(e["type"], e.get("utterance_id"), e.get("t"), e.get("text")) for e in events
-                         if e["type"] in ("speech_started", "speech_stopped", "final")]
-    assert len([k for k in runs[0] if k[0] == "final"]) == len(rows) + 1
-    assert runs[2] == runs[0]

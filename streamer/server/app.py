@@ -9,7 +9,6 @@ close what is left, then close the engine. uvicorn's own shutdown would close We
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -86,13 +85,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     webrtc = _webrtc()
     state = ServerState(settings=settings, engine=engine, vad=SileroVAD(), metrics=metrics_,
                         ice_servers=webrtc.ice_servers_from_env(os.environ) if webrtc else [])
-    vad_threads = settings.server.resolved_vad_threads()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         owned = state.engine is None
-        if vad_threads:
-            state.vad_pool = concurrent.futures.ThreadPoolExecutor(vad_threads, thread_name_prefix="streamer-vad")
         if owned:
             log.info("loading %s", settings.model.model)
             state.engine = await asyncio.to_thread(Engine.load, settings.model, settings.engine)
@@ -102,8 +98,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
             yield
         finally:
             await state.drain()
-            if state.vad_pool is not None:
-                state.vad_pool.shutdown(wait=False, cancel_futures=True)
             if owned:
                 await asyncio.to_thread(state.engine.close)
 

@@ -10,20 +10,19 @@ so the order of emitted events is the order in which they happened. Finals are d
 order their windows were submitted, whatever order the engine finishes them in: the prompt of
 the next utterance and the Realtime API's commit order both depend on it.
 
-The VAD half of a session (`session.score`: silero-vad, about 0.07-0.1 ms per 32-ms frame) runs
-on the server's VAD thread pool when it has one (`ServerConfig.vad_threads`), the rest on the event
-loop (`session.apply`). At 128 streams on one process VAD alone was 43 % of the event loop's time
-(H200 host, py-spy), and ONNX Runtime releases the GIL while it computes, so the pool spreads it
-over cores. One chunk of a stream is scored at a time; chunks that arrive meanwhile are scored
-together next, and results are applied in order. Anything that needs the session current (flush,
-commit, end of stream) first settles: it waits for the chunk in flight (under a millisecond) and
-scores the rest inline. Without a pool (few cores) `feed` scores inline, as before.
+`session.feed` runs inline on the event loop: silero-vad costs about 0.07 ms per 32-ms frame on
+one core (measured in `audio/vad.py`), so a 20-ms chunk costs well under a millisecond and even
+a 5-s chunk (the largest frame a client may send) about 11 ms. At 128 streams in one process
+that is still 43 % of the loop's time (H200 host, py-spy), but scoring on a thread pool (ONNX
+Runtime releases the GIL) was worse: every chunk's return to Python asks for the GIL, and the
+engine thread, made to hand it over thousands of times a second, ran its steps 2x slower (session
+4: p95 finalisation at 96 streams 2.93 s with 8 VAD threads, 1.32 s inline). More streams per GPU
+need more gateway processes, not threads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections import deque
@@ -37,7 +36,7 @@ from streamer.engine.request import DecodeOptions, Priority
 from streamer.engine.scheduler import QueueFull
 from streamer.server.metrics import Metrics
 from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
-from streamer.streaming.session import Scored, Session
+from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
 
@@ -96,15 +95,8 @@ class Bridge:
     """Drives one `Session` against the engine; one per stream, used from the event loop only."""
 
     def __init__(self, session: Session, engine: Engine, metrics: Metrics, emit: Emit, *, session_id: str,
-                 language: str | None, task: str, vad_pool: concurrent.futures.Executor | None = None):
+                 language: str | None, task: str):
         self.session = session
-        self.vad_pool = vad_pool
-        self._unscored: list[np.ndarray] = []
-        """Audio fed while a chunk was being scored, waiting for its turn."""
-        self._scoring: concurrent.futures.Future | None = None
-        """The chunk on the VAD pool."""
-        self._fed = 0
-        """Samples fed, scored or not."""
         self.engine = engine
         self.metrics = metrics
         self.emit = emit
@@ -126,73 +118,24 @@ class Bridge:
 
     # --- input ------------------------------------------------------------------------------------
 
-    @property
-    def stream_time(self) -> float:
-        """Seconds of audio fed so far, scored or not."""
-        return self._fed / SAMPLE_RATE
-
     def feed(self, pcm: np.ndarray) -> None:
         """Take the next 16-kHz chunk of the stream."""
-        if len(pcm) == 0 or self.session.closed:
+        if len(pcm) == 0:
             return
-        self._fed += len(pcm)
         now = time.monotonic()
-        self._marks.append((self.stream_time, now))
+        self._marks.append((self.session.stream_time + len(pcm) / SAMPLE_RATE, now))
         while len(self._marks) > 1 and self._marks[1][0] < self._marks[-1][0] - MARK_HISTORY_S:
             self._marks.popleft()
-        self._unscored.append(pcm)
-        if self.vad_pool is None:
-            self.settle()
-        elif self._scoring is None:
-            self._score_next()
-
-    def settle(self) -> None:
-        """Bring the session up to all the audio fed: apply the chunk in flight (waiting for it)
-        and score the rest here."""
-        if self._scoring is not None:
-            future, self._scoring = self._scoring, None
-            self._apply(future.result())
-        if self._unscored and not self.session.closed:
-            self._apply(self.session.score(self._take_unscored()))
-
-    def _take_unscored(self) -> np.ndarray:
-        pcm = self._unscored[0] if len(self._unscored) == 1 else np.concatenate(self._unscored)
-        self._unscored.clear()
-        return pcm
-
-    def _score_next(self) -> None:
-        future = self.vad_pool.submit(self.session.score, self._take_unscored())
-        self._scoring = future
-        loop = asyncio.get_running_loop()
-        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._scored, f))
-
-    def _scored(self, future: concurrent.futures.Future) -> None:
-        if future is not self._scoring:  # settled already, or the stream is gone
-            return
-        self._scoring = None
-        try:
-            self._apply(future.result())
-        except Exception:
-            log.exception("session %s: VAD failed", self.session_id)
-            self.emit(Finalized(0, None, 0.0, 0.0, error="voice activity detection failed"))
-            return
-        if self._unscored:
-            self._score_next()
-
-    def _apply(self, scored: Scored) -> None:
-        if not self.session.closed:
-            self._dispatch(self.session.apply(scored))
+        self._dispatch(self.session.feed(pcm))
 
     def flush(self) -> bool:
         """End the open utterance now (client's flush or commit); False when none was open."""
-        self.settle()
         events = self.session.flush()
         self._dispatch(events)
         return bool(events)
 
     def drop_open(self) -> bool:
         """Abandon the open utterance: no events, no final (Realtime's `clear`); False when none was open."""
-        self.settle()
         self._dropping = True
         try:
             events = self.session.flush()
@@ -204,7 +147,6 @@ class Bridge:
     async def finish(self, timeout: float) -> None:
         """End of audio: finalise the open utterance and wait (up to `timeout`) until every final
         is delivered; then drop what is left."""
-        self.settle()
         self._dispatch(self.session.close())
         self._partial_next = None  # nothing is provisional any more
         pending = [job.delivered.wait() for job in self._finals]
@@ -217,8 +159,6 @@ class Bridge:
 
     def close(self) -> None:
         """Stop everything at once (the client is gone): cancel tasks and engine work."""
-        self._scoring = None  # a chunk still on the VAD pool is dropped when it comes back
-        self._unscored.clear()
         self._partial_next = None
         if self._partial is not None:
             self._partial[1].cancel()

@@ -247,8 +247,8 @@ class RealtimeStream(SocketStream):
     def _commit(self) -> None:
         seg = self._seg
         if seg is not None and seg.manual:
-            if seg.bridge.stream_time - seg.committed_to >= MIN_COMMIT_S:
-                seg.committed_to = seg.bridge.stream_time
+            if seg.bridge.session.stream_time - seg.committed_to >= MIN_COMMIT_S:
+                seg.committed_to = seg.bridge.session.stream_time
                 seg.bridge.flush()
                 return
         elif seg is not None and seg.bridge.flush():
@@ -260,7 +260,7 @@ class RealtimeStream(SocketStream):
         seg = self._seg
         if seg is not None:
             seg.bridge.drop_open()
-            seg.committed_to = seg.bridge.stream_time
+            seg.committed_to = seg.bridge.session.stream_time
         self._event("input_audio_buffer.cleared")
 
     def _update(self, session: Any, *, beta: bool) -> None:
@@ -270,8 +270,8 @@ class RealtimeStream(SocketStream):
         seg = self._seg
         if seg is not None:
             if seg.manual:
-                if seg.bridge.stream_time - seg.committed_to >= MIN_COMMIT_S:
-                    seg.committed_to = seg.bridge.stream_time
+                if seg.bridge.session.stream_time - seg.committed_to >= MIN_COMMIT_S:
+                    seg.committed_to = seg.bridge.session.stream_time
                     seg.bridge.flush()
             else:
                 seg.bridge.flush()
@@ -390,8 +390,7 @@ class RealtimeStream(SocketStream):
         self._numbers += 1
         bridge = Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics,
                         functools.partial(self._on_event, self._numbers), session_id=self.session_id,
-                        language=self._decoder_language(c.language), task="transcribe",
-                        vad_pool=self.state.vad_pool)
+                        language=self._decoder_language(c.language), task="transcribe")
         seg = _Segmentation(self._numbers, c, StreamResampler(c.rate, 1, "pcm_s16le"), bridge, self._time_base)
         self._segs[seg.number] = seg
         self._seg = seg
@@ -403,7 +402,7 @@ class RealtimeStream(SocketStream):
         if seg is None:
             return
         seg.bridge.feed(seg.resampler.flush())
-        self._time_base = seg.offset + seg.bridge.stream_time
+        self._time_base = seg.offset + seg.bridge.session.stream_time
         task = asyncio.ensure_future(seg.bridge.finish(timeout))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

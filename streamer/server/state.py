@@ -7,7 +7,6 @@ and shutdown can reach each one to deliver its finals.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,8 +40,6 @@ class ServerState:
     """None until the lifespan has loaded it (when not injected)."""
     vad: SileroVAD
     metrics: Metrics
-    vad_pool: concurrent.futures.ThreadPoolExecutor | None = None
-    """Where live streams' audio is scored (`ServerConfig.vad_threads`); None: on the event loop."""
     ice_servers: list[dict] = field(default_factory=list)
     """`WEBRTC_ICE_SERVERS`: the server's own ICE servers, handed to browsers by `/v1/webrtc/config`."""
     shutting_down: bool = False

@@ -306,7 +306,7 @@ class NativeStream(SocketStream):
         self._resampler = StreamResampler(start.sample_rate, start.channels, start.encoding)
         session = Session(start.streaming, self.state.vad)
         self._bridge = Bridge(session, self.state.engine, self.state.metrics, self._emit, session_id=self.session_id,
-                              language=language, task=start.streaming.task, vad_pool=self.state.vad_pool)
+                              language=language, task=start.streaming.task)
         self._send({"type": "ready", "session_id": self.session_id, "model": self.state.engine.model_name,
                     "sample_rate": start.sample_rate, "language": language, "task": start.streaming.task})
 

@@ -75,7 +75,7 @@ class WebRtcStream:
         self.task = start.streaming.task
         session = Session(start.streaming, state.vad)
         self.bridge = Bridge(session, state.engine, state.metrics, self._emit, session_id=self.session_id,
-                             language=self.language, task=self.task, vad_pool=state.vad_pool)
+                             language=self.language, task=self.task)
         servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
                    for s in state.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))

@@ -3,8 +3,6 @@
 The caller (a server protocol handler) drives it:
 
     events = session.feed(pcm)             # float32, 16 kHz mono, any chunk size
-                                           # (= session.apply(session.score(pcm)): the VAD half,
-                                           # `score`, may run on a worker thread)
     for e in events:
         SubmitWindow -> transcribe e.audio with the engine, then
                         session.on_result(e.window_id, result) -> more events
@@ -115,16 +113,6 @@ class _FinalWindow:
     end: float
 
 
-@dataclass(frozen=True)
-class Scored:
-    """A chunk of audio with the speech probabilities of the frames it completed (`Session.score`)."""
-
-    pcm: np.ndarray
-    first_frame: int
-    """Index of the first frame in `probs`."""
-    probs: np.ndarray
-
-
 class Session:
     """Per-stream state: VAD, utterance cutting, windows in flight, prompt, partial stability."""
 
@@ -157,24 +145,10 @@ class Session:
         """Take the next chunk of audio (float32, 16 kHz mono, any length)."""
         if self.closed:
             raise RuntimeError("session is closed")
-        return self.apply(self.score(pcm))
-
-    def score(self, pcm: np.ndarray) -> Scored:
-        """The VAD half of `feed`: speech probabilities of the frames `pcm` completes.
-
-        It touches only the VAD's state, so a server may run it on a worker thread (ONNX Runtime
-        releases the GIL) while the event loop goes on; the chunks of one stream must still be
-        scored one after another, and applied in the same order."""
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         first = self._vad_state.frames
-        return Scored(pcm, first, self._vad.probabilities(self._vad_state, pcm))
-
-    def apply(self, scored: Scored) -> list[Event]:
-        """The rest of `feed`: cut utterances and submit windows; returns the events."""
-        if self.closed:
-            raise RuntimeError("session is closed")
-        first, probs = scored.first_frame, scored.probs
-        self._audio.append(scored.pcm)
+        self._audio.append(pcm)
+        probs = self._vad.probabilities(self._vad_state, pcm)
         n = len(probs)
         if n == 0:
             return []

@@ -8,5 +8,5 @@ source benchmarks/gpu_setup.sh
 STREAMER_AUDIO_DIR=$PWD/.carry/audio BENCH_RESULTS_DIR="$OUT" timeout 120 python3 benchmarks/bench_prefill.py \
   --model /tmp/tiny --device cuda 2>&1 | tail -6 | tee "$OUT/prefill.log"
 STREAMER_AUDIO_DIR=$PWD/.carry/audio timeout ${LOAD_TIMEOUT:-400} python3 benchmarks/bench_streaming.py --spawn \
-  --model /tmp/tiny --device cuda --clients ${CLIENTS:-1,16,32,64,128} --seconds ${SECONDS_PER_CLIENT:-15} \
+  --model /tmp/tiny --device cuda --clients ${CLIENTS:-1,32,64,96,128,160} --seconds ${SECONDS_PER_CLIENT:-15} \
   --out "$OUT/bench_streaming_h200.json" 2>&1 | tee "$OUT/loadtest.log"

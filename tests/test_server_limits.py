@@ -29,6 +29,7 @@ from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig, load_settings
 from streamer.engine.engine import Engine
 from streamer.server.app import create_app, running
+from streamer.server.loop_lag import LoopLag
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -347,3 +348,49 @@ def test_sigterm_delivers_open_finals(jfk):
     assert len(committed) >= 2 and [e["item_id"] for e in completed] == committed
     assert "country" in completed[-1]["transcript"].lower()
     assert realtime_events[-1]["code"] == 1001
+
+
+def test_loop_lag_holds_peaks_and_decays():
+    lag = LoopLag(interval=0.05, half_life=1.0)
+    lag.observe(0.8)
+    lag.observe(0.0)
+    assert 0.77 < lag.lag < 0.8  # held, decaying
+    for _ in range(20):
+        lag.observe(0.01)
+    assert lag.lag == pytest.approx(0.8 * 0.5 ** 1.05)  # 21 wake-ups since the peak
+    lag.observe(-0.001)  # early wake-ups count as on time
+    assert lag.lag > 0
+
+
+def test_a_late_event_loop_refuses_new_streams(engine):
+    """While the gateway's event loop runs `max_loop_lag_s` late, new streams are refused
+    (`overloaded`, 1013), /metrics shows the lag, and streams are taken again once it is on time."""
+    app = create_app(load_settings({}, server={"max_loop_lag_s": 0.3}), engine)
+    lag = app.state.streamer.loop_lag
+
+    async def start(url) -> str:
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start"}))
+            return (await recv(ws))["type"]
+
+    with running(app) as base:
+        url = base.replace("http://", "ws://")
+        assert asyncio.run(start(url)) == "ready"
+        for _ in range(100):
+            if lag.loop is not None:
+                break
+            time.sleep(0.05)
+        lag.loop.call_soon_threadsafe(time.sleep, 0.8)  # the loop stalls, as under too many streams
+        time.sleep(1.0)
+        assert lag.lag >= 0.3
+        events = asyncio.run(refused(url + "/v1/stream"))
+        assert "event loop" in events[0]["message"], events
+        assert [e.get("code") for e in events] == ["overloaded", None, 1013]
+        status, body, _ = http(url + "/metrics")
+        value = next(line for line in body.decode().splitlines() if line.startswith("streamer_event_loop_lag_seconds "))
+        assert float(value.split()[1]) > 0
+        for _ in range(100):  # the peak decays (half-life 1 s)
+            if lag.lag < 0.3:
+                break
+            time.sleep(0.1)
+        assert asyncio.run(start(url)) == "ready"

@@ -81,7 +81,8 @@ def _webrtc():
 def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     """The gateway. With `engine` given (tests), the caller owns it; otherwise the lifespan loads,
     warms up and finally closes one."""
-    metrics_ = Metrics(lambda: state.engine.metrics() if state.engine is not None else None)
+    metrics_ = Metrics(lambda: state.engine.metrics() if state.engine is not None else None,
+                       loop_lag=lambda: state.loop_lag.lag)
     webrtc = _webrtc()
     state = ServerState(settings=settings, engine=engine, vad=SileroVAD(), metrics=metrics_,
                         ice_servers=webrtc.ice_servers_from_env(os.environ) if webrtc else [])
@@ -89,6 +90,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         owned = state.engine is None
+        monitor = asyncio.ensure_future(state.loop_lag.run())
         if owned:
             log.info("loading %s", settings.model.model)
             state.engine = await asyncio.to_thread(Engine.load, settings.model, settings.engine)
@@ -98,6 +100,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
             yield
         finally:
             await state.drain()
+            monitor.cancel()
             if owned:
                 await asyncio.to_thread(state.engine.close)
 

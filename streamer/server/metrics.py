@@ -46,9 +46,14 @@ class _EngineCollector(Collector):
 class Metrics:
     """The gateway's counters, gauges and histograms."""
 
-    def __init__(self, engine_metrics: Callable[[], dict | None]):
-        """`engine_metrics` returns `engine.metrics()`, or None while no engine is loaded."""
+    def __init__(self, engine_metrics: Callable[[], dict | None], loop_lag: Callable[[], float] | None = None):
+        """`engine_metrics` returns `engine.metrics()`, or None while no engine is loaded;
+        `loop_lag` the event loop's lag in seconds (`LoopLag.lag`)."""
         self.registry = CollectorRegistry()
+        if loop_lag is not None:
+            Gauge("streamer_event_loop_lag_seconds", "How late the gateway's event loop runs (peak-holding, "
+                  "half-life 1 s); new streams are refused past MAX_LOOP_LAG_S",
+                  registry=self.registry).set_function(loop_lag)
         self.sessions = Gauge("streamer_sessions", "Live streams", ["transport"], registry=self.registry)
         self.first_partial = Histogram(
             "streamer_time_to_first_partial_seconds",

@@ -86,9 +86,8 @@ class SocketStream:
             if not authorized(self.ws.scope, self.state.settings.server.api_key):
                 self._refuse("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or "
                              "`?api_key=KEY`", 1008)
-            elif not self.state.admit(self):
-                limit = self.state.settings.server.max_sessions
-                self._refuse("overloaded", f"the server is at its limit of {limit} live streams; retry later", 1013)
+            elif (refusal := self.state.admit(self)) is not None:
+                self._refuse("overloaded", refusal, 1013)
             else:
                 try:
                     await self._serve()

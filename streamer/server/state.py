@@ -14,6 +14,7 @@ from typing import Protocol
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
+from streamer.server.loop_lag import LoopLag
 from streamer.server.metrics import Metrics
 
 log = logging.getLogger("streamer.server")
@@ -45,14 +46,22 @@ class ServerState:
     shutting_down: bool = False
     sessions: dict[str, LiveStream] = field(default_factory=dict)
     """Live streams by session id."""
+    loop_lag: LoopLag = field(default_factory=LoopLag)
+    """How late the event loop runs (the lifespan runs its monitor)."""
 
-    def admit(self, stream: LiveStream) -> bool:
-        """Register a new stream; False when shutting down or at `max_sessions`."""
-        if self.shutting_down or len(self.sessions) >= self.settings.server.max_sessions:
-            return False
+    def admit(self, stream: LiveStream) -> str | None:
+        """Register a new stream; or why not (shutting down, at `max_sessions`, the event loop
+        running late), as a message for the client."""
+        server = self.settings.server
+        if self.shutting_down:
+            return "the server is shutting down; retry on another"
+        if len(self.sessions) >= server.max_sessions:
+            return f"the server is at its limit of {server.max_sessions} live streams; retry later"
+        if server.max_loop_lag_s and self.loop_lag.lag >= server.max_loop_lag_s:
+            return f"the server is overloaded (its event loop runs {self.loop_lag.lag:.2f} s late); retry later"
         self.sessions[stream.session_id] = stream
         self.metrics.sessions.labels(stream.transport).inc()
-        return True
+        return None
 
     def release(self, stream: LiveStream) -> None:
         if self.sessions.pop(stream.session_id, None) is not None:

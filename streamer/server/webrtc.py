@@ -255,11 +255,10 @@ async def offer_endpoint(request: Request) -> JSONResponse:
         return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"},
                       state=state)
     stream = WebRtcStream(state, start)
-    if not state.admit(stream):
+    refusal = state.admit(stream)
+    if refusal is not None:
         await stream.close()
-        limit = state.settings.server.max_sessions
-        return _error(503, "overloaded", f"the server is at its limit of {limit} live streams; retry later",
-                      headers={"Retry-After": "5"}, state=state)
+        return _error(503, "overloaded", refusal, headers={"Retry-After": "5"}, state=state)
     try:
         answer = await stream.answer(sdp)
     except Exception as e:

@@ -13,7 +13,8 @@ about `--seconds` long) as 32-ms frames of 16-kHz PCM and measures, on its side:
   the longest common prefix with the final), and the same for the `stable` prefixes alone;
 - and, from the server's `/metrics` before and after each run, where the time went: the mean
   time of a final window in the engine (submit to result) and of its wait for the first token,
-  the engine's steps and their mean duration, and the fraction of the run the engine was busy.
+  the engine's steps and their mean duration, the fraction of the run the engine was busy, and the
+  highest lag of the gateway's event loop (polled every 0.25 s: past ~1 s the process is saturated).
 
 The sweep doubles N from 1 until p95 finalisation exceeds `--target` (or `--max-clients`); the
 highest N that held is reported.
@@ -34,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -212,7 +214,10 @@ async def run_load(url: str, n_clients: int, files: list[Recording], pace: float
 
 SERVER_SAMPLES = ("streamer_window_seconds_sum", "streamer_window_seconds_count",
                   "streamer_window_queue_wait_seconds_sum", "streamer_window_queue_wait_seconds_count",
-                  "streamer_engine_steps_total", "streamer_engine_busy_seconds_total")
+                  "streamer_engine_steps_total", "streamer_engine_busy_seconds_total",
+                  "streamer_event_loop_lag_seconds")
+LAG_POLL_S = 0.25
+"""How often the gateway's event-loop lag is read during a run (its peak is reported)."""
 
 
 def _server_samples(http_url: str) -> dict[str, float]:
@@ -225,6 +230,28 @@ def _server_samples(http_url: str) -> dict[str, float]:
         return {f"{s.name}:{s.labels['kind']}" if "kind" in s.labels else s.name: s.value
                 for family in text_string_to_metric_families(text) for s in family.samples if s.name in SERVER_SAMPLES}
     return {}
+
+
+class LagWatch:
+    """The highest event-loop lag the server reports while a run goes on (a thread polling
+    `/metrics`, so that the clients' loop is not blocked)."""
+
+    def __init__(self, http_url: str):
+        self.http_url, self.peak = http_url, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "LagWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(LAG_POLL_S):
+            self.peak = max(self.peak, _server_samples(self.http_url).get("streamer_event_loop_lag_seconds", 0.0))
 
 
 def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
@@ -285,7 +312,7 @@ COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50",
 
 
 SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",
-                  "engine_busy"]
+                  "engine_busy", "loop_lag_max_s"]
 
 
 def sweep(url: str, args) -> dict:
@@ -295,8 +322,10 @@ def sweep(url: str, args) -> dict:
     runs, best, held_so_far = [], 0, True
     for n in args.clients:
         before = _server_samples(http_url)
-        summary = asyncio.run(run_load(url, n, files, args.pace))
+        with LagWatch(http_url) as lag:
+            summary = asyncio.run(run_load(url, n, files, args.pace))
         summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
+        summary["server"]["loop_lag_max_s"] = lag.peak
         runs.append(summary)
         print(table([summary], COLUMNS), flush=True)
         print(table([{"clients": n, **summary["server"]}], SERVER_COLUMNS), flush=True)

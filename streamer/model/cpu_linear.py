@@ -28,7 +28,6 @@ class HalfWeightLinear:
     """`F.linear(x, weight, bias)` for float32 `x` of any leading shape, reading float16 weights."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None):
-        self.out_features = weight.shape[0]
         self.packed = torch.ops.quantized.linear_prepack_fp16(
             weight.detach().float(), None if bias is None else bias.detach().float())
 

@@ -222,7 +222,10 @@ class TextDecoder(nn.Module):
         """Float16-weight copies of the linears a decoder step reads (`cpu_linear`): half the bytes
         of a memory-bound step, the same float32 arithmetic. Only where every such weight is a
         float16 value (true of OpenAI's checkpoints and CTranslate2 bundles), so outputs keep their
-        float32 values; returns whether the copies were made."""
+        float32 values; returns whether the copies were made (or were there already: every runner
+        over a shared model calls this)."""
+        if self.proj_half is not None:
+            return True
         blocks = [b for b in self.blocks if not b.fused]  # a preset's fused path reads its own weights
         linears = [(b, name) for b in blocks for name in HALF_LINEARS]
         weights = [self.token_embedding.weight] + [getattr(b, name).weight for b, name in linears]

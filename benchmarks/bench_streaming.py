@@ -283,7 +283,7 @@ def spawned_server(model: str, device: str | None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("from streamer.config import load_settings; from streamer.server.app import serve; "
+    code = ("from streamer.config import load_settings; from streamer.server.supervisor import serve; "
             f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, server={{'port': {port}}}))")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")
     serve.add_argument("--api-key", help="require this key (env API_KEY)")
+    serve.add_argument("--workers", type=int, help="gateway worker processes (env WORKERS; default 1 on <= 2 cores, "
+                       "else min(8, cores/2); 0: gateway and engine in one process)")
 
     tr = sub.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
     tr.add_argument("files", nargs="+", metavar="FILE")
@@ -59,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
-        from streamer.server.app import serve as run_server
+        from streamer.server.supervisor import serve as run_server
 
         logging.getLogger("streamer").setLevel(os.environ.get("LOG_LEVEL", "INFO"))
-        run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key))
+        run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers))
         return 0
     if args.command == "transcribe":
         return asyncio.run(_transcribe(args))

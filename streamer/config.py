@@ -19,7 +19,8 @@ class ModelConfig:
     """`tiny.en` (embedded, offline), `base` (the `[base]` extra), a local directory
     (CTranslate2 bundle or Hugging Face checkpoint) or a Hugging Face hub id."""
     device: str = "auto"
-    """`auto` picks CUDA when available, else the CPU."""
+    """`auto` picks every visible CUDA GPU when there is one, else the CPU; `cuda` every visible
+    GPU; `cuda:N` one; `cuda:0,cuda:1` a list. `streamer serve` runs one engine core per device."""
     dtype: str = "auto"
     """`auto` is float32 on the CPU and float16 on CUDA; `float16`, `bfloat16`, `float32`."""
     precision: str = "full_fp16"
@@ -88,6 +89,10 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int | None = None
+    """Gateway worker processes on the port (each with its sockets, VAD and sessions), in front
+    of one engine core process per device. None: 1 on a machine with at most 2 cores, else
+    min(8, cores / 2). 0: one process holding the engine itself (no IPC; for comparison)."""
     api_key: str | None = None
     """When set, every request needs `Authorization: Bearer KEY` or `?api_key=KEY`."""
     max_sessions: int = 256
@@ -134,6 +139,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
     "HOST": ("server", "host"),
+    "WORKERS": ("server", "workers"),
     "PORT": ("server", "port"),
     "API_KEY": ("server", "api_key"),
     "MAX_SESSIONS": ("server", "max_sessions"),

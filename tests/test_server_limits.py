@@ -279,7 +279,7 @@ def test_sigterm_delivers_open_finals(jfk):
     """SIGTERM with speech open on a native stream and a Realtime session: both get their finals
     before `closed`/close 1001, and the process exits without an error."""
     port = _free_port()
-    code = ("from streamer.config import load_settings; from streamer.server.app import serve; "
+    code = ("from streamer.config import load_settings; from streamer.server.supervisor import serve; "
             f"serve(load_settings(server={{'port': {port}, 'shutdown_grace_s': 60.0}}))")  # a loaded 2-core box
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,

@@ -23,8 +23,8 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from streamer.config import EngineConfig, ModelConfig
-from streamer.engine.request import SAMPLE_RATE, DecodeOptions, Priority, Request, RequestState, Result
-from streamer.engine.beam import MAX_BEAM
+from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
+from streamer.engine.request import SAMPLE_RATE, DecodeOptions, check_options, Priority, Request, RequestState, Result
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
 from streamer.model.decoding import best_attempt, compression_ratio, is_silence, needs_fallback, split_segments
@@ -40,15 +40,7 @@ WARMUP_MAX_STEPS = 32
 # How long a caller is willing to wait for admission, by class: the scheduler orders by deadline.
 ADMISSION_DEADLINE_S = {Priority.FINAL: 0.0, Priority.PARTIAL: 0.2, Priority.FILE: 5.0}
 
-__all__ = ["Engine", "Handle", "EngineClosed", "Cancelled", "QueueFull", "resolve_device"]
-
-
-class EngineClosed(RuntimeError):
-    """The engine is shutting down and takes no new work."""
-
-
-class Cancelled(Exception):
-    """The request was cancelled, replaced by a newer partial, or preempted by a final."""
+__all__ = ["Engine", "Handle", "EngineClosed", "EngineUnavailable", "Cancelled", "QueueFull", "resolve_device"]
 
 
 def resolve_device(config: ModelConfig) -> tuple[torch.device, torch.dtype]:
@@ -211,7 +203,9 @@ class Engine:
             self.runner.step([], released=[s.id for s in self.runner.slots])
 
     @classmethod
-    def load(cls, model: ModelConfig = ModelConfig(), config: EngineConfig = EngineConfig()) -> "Engine":
+    def load(cls, model: ModelConfig = ModelConfig(), config: EngineConfig = EngineConfig(),
+             cpu_threads: int | None = None) -> "Engine":
+        """`cpu_threads`: intra-op threads of the model thread on the CPU (None: torch's setting)."""
         device, dtype = resolve_device(model)
         if device.type == "cuda" and config.vram_limit_gb:
             total = torch.cuda.get_device_properties(device).total_memory
@@ -228,7 +222,7 @@ class Engine:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return cls(load_model(model.model, device, dtype), config, precision, cpu_threads=threads)
+            return cls(load_model(model.model, device, dtype), config, precision, cpu_threads=cpu_threads or threads)
         finally:
             torch.set_num_threads(threads)
 
@@ -269,12 +263,7 @@ class Engine:
 
     def check_options(self, options: DecodeOptions) -> None:
         """Raise ValueError now, in the caller's thread, for options the model cannot take."""
-        if options.language is not None and self.tokenizer.multilingual:
-            self.tokenizer.language_token(options.language)
-        if options.beam_size > MAX_BEAM:
-            raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
-        if options.prompt_tokens:
-            self.tokenizer.prompt_from_tokens(options.prompt_tokens, 2)
+        check_options(options, self.tokenizer)
 
     def enqueue(self, request_id: str, audio: np.ndarray, options: DecodeOptions, *, priority: Priority,
                 on_done: Callable[[Result | None, Exception | None], None],

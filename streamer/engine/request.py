@@ -185,3 +185,16 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, ready for `json.dumps`."""
         return dataclasses.asdict(self)
+
+
+def check_options(options: DecodeOptions, tokenizer) -> None:
+    """Raise ValueError for options this model cannot take (a language it does not know, too
+    many beams, prompt ids it cannot feed): at submit time, in the caller's thread or process."""
+    from streamer.engine.beam import MAX_BEAM
+
+    if options.language is not None and tokenizer.multilingual:
+        tokenizer.language_token(options.language)
+    if options.beam_size > MAX_BEAM:
+        raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
+    if options.prompt_tokens:
+        tokenizer.prompt_from_tokens(options.prompt_tokens, 2)

@@ -41,8 +41,9 @@ N_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>
 
 
 class Tokenizer:
-    def __init__(self, path: str | Path, multilingual: bool):
-        self.hf = HFTokenizer.from_file(str(path))
+    def __init__(self, path: str | Path | None, multilingual: bool, *, json: str | None = None):
+        """From a `tokenizer.json` file, or its text (`json`, as an engine core sends it)."""
+        self.hf = HFTokenizer.from_str(json) if json is not None else HFTokenizer.from_file(str(path))
         self.multilingual = multilingual
         ids = {t.content: i for i, t in self.hf.get_added_tokens_decoder().items()}
         self.special = ids

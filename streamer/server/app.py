@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Awaitable, Callable, Iterator
 
 import numpy as np
 import uvicorn
@@ -49,13 +49,17 @@ WS_MAX_SIZE_FACTOR = 2
 async def health(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.streamer
     engine = state.engine
+    up = engine is not None and engine.ready
     body = {
-        "status": "shutting_down" if state.shutting_down else ("ok" if engine is not None else "loading"),
+        "status": "shutting_down" if state.shutting_down else ("ok" if up else ("loading" if engine is None else "engine_down")),
         "model": engine.model_name if engine is not None else None,
         "device": engine.device if engine is not None else None,
         "sessions": len(state.sessions),
         "queue": engine.queue_depth if engine is not None else 0,
     }
+    if engine is not None and hasattr(engine, "core_metrics"):
+        body["engine_cores"] = [{"core": c.index, "up": c.up, "device": c.ready.device if c.ready else None}
+                                for c in engine.cores]
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
 
@@ -68,6 +72,13 @@ async def warm_up(engine: Engine) -> None:
     await engine.transcribe(np.zeros(16000, np.float32), DecodeOptions(), priority=Priority.FINAL)
 
 
+async def _publish_loop_lag(state: ServerState) -> None:
+    """Several workers: each writes its own loop lag where every worker's `/metrics` reads it."""
+    while True:
+        state.metrics.loop_lag.set(state.loop_lag.lag)
+        await asyncio.sleep(0.5)
+
+
 def _webrtc():
     """The WebRTC module, or None where aiortc cannot be imported (the other transports still serve)."""
     try:
@@ -78,11 +89,14 @@ def _webrtc():
     return webrtc
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
-    """The gateway. With `engine` given (tests), the caller owns it; otherwise the lifespan loads,
-    warms up and finally closes one."""
+def create_app(settings: Settings, engine: Engine | None = None,
+                connect: Callable[[], Awaitable] | None = None) -> Starlette:
+    """The gateway. With `engine` given (tests), the caller owns it; with `connect`, the
+    lifespan awaits it for an engine (a gateway worker's `EngineClient` of the engine cores) and
+    closes that at the end; otherwise the lifespan loads, warms up and finally closes one."""
     metrics_ = Metrics(lambda: state.engine.metrics() if state.engine is not None else None,
-                       loop_lag=lambda: state.loop_lag.lag)
+                       loop_lag=lambda: state.loop_lag.lag,
+                       core_metrics=lambda: state.engine.core_metrics() if hasattr(state.engine, "core_metrics") else [])
     webrtc = _webrtc()
     state = ServerState(settings=settings, engine=engine, vad=SileroVAD(), metrics=metrics_,
                         ice_servers=webrtc.ice_servers_from_env(os.environ) if webrtc else [])
@@ -90,8 +104,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         owned = state.engine is None
-        monitor = asyncio.ensure_future(state.loop_lag.run())
-        if owned:
+        monitors = [asyncio.ensure_future(state.loop_lag.run())]
+        if metrics_.multiprocess:
+            monitors.append(asyncio.ensure_future(_publish_loop_lag(state)))
+        if owned and connect is not None:
+            state.engine = await connect()
+        elif owned:
             log.info("loading %s", settings.model.model)
             state.engine = await asyncio.to_thread(Engine.load, settings.model, settings.engine)
             await warm_up(state.engine)
@@ -100,8 +118,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
             yield
         finally:
             await state.drain()
-            monitor.cancel()
-            if owned:
+            for monitor in monitors:
+                monitor.cancel()
+            if owned and connect is not None:
+                await state.engine.close()
+            elif owned:
                 await asyncio.to_thread(state.engine.close)
 
     routes = [
@@ -169,7 +190,3 @@ def running(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[
         thread.join()
 
 
-def serve(settings: Settings) -> None:
-    """`streamer serve`: load the engine, serve until SIGINT/SIGTERM, shut down gracefully."""
-    app = create_app(settings)
-    build_server(app, settings.server.host, settings.server.port).run()

@@ -2,13 +2,21 @@
 
 Latencies are observed where they end (the event leaving the server); engine gauges are read
 from `engine.metrics()` at scrape time, so they cost nothing between scrapes.
+
+With several gateway workers (`streamer serve`, WORKERS > 1) the supervisor sets
+`PROMETHEUS_MULTIPROC_DIR` before any worker starts: prometheus_client then keeps every
+worker's values in files there, and any worker's `/metrics` renders all of them (sums; the loop
+lag as each worker's own series, labelled by pid). Engine figures come from the engine cores,
+which every worker hears, so the worker that answers the scrape reports them once.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,8 +29,9 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0
 class _EngineCollector(Collector):
     """Engine queue and batch state, read when Prometheus scrapes."""
 
-    def __init__(self, engine_metrics: Callable[[], dict | None]):
+    def __init__(self, engine_metrics: Callable[[], dict | None], core_metrics: Callable[[], list[dict]] | None):
         self._engine_metrics = engine_metrics
+        self._core_metrics = core_metrics
 
     def collect(self) -> Iterator:
         m = self._engine_metrics()
@@ -41,20 +50,41 @@ class _EngineCollector(Collector):
                     "steps": ("steps", "Engine steps"), "busy_seconds": ("busy_s", "Wall time spent in engine steps")}
         for name, (key, help_text) in counters.items():
             yield CounterMetricFamily(f"streamer_engine_{name}", help_text, value=float(m.get(key, 0)))
+        if "cores" in m:
+            yield GaugeMetricFamily("streamer_engine_cores_up", "Engine core processes up", value=m.get("cores_up", 0))
+        per_core = self._core_metrics() if self._core_metrics is not None else []
+        if per_core:
+            busy = CounterMetricFamily("streamer_engine_core_busy_seconds", "Wall time each engine core spent in steps",
+                                       labels=["core"])
+            live = GaugeMetricFamily("streamer_engine_core_live_sequences", "Sequences decoding in each engine core",
+                                     labels=["core"])
+            for i, cm in enumerate(per_core):
+                busy.add_metric([str(i)], float(cm.get("busy_s", 0)))
+                live.add_metric([str(i)], float(cm.get("live_sequences", 0)))
+            yield busy
+            yield live
 
 
 class Metrics:
     """The gateway's counters, gauges and histograms."""
 
-    def __init__(self, engine_metrics: Callable[[], dict | None], loop_lag: Callable[[], float] | None = None):
+    def __init__(self, engine_metrics: Callable[[], dict | None], loop_lag: Callable[[], float] | None = None,
+                 core_metrics: Callable[[], list[dict]] | None = None):
         """`engine_metrics` returns `engine.metrics()`, or None while no engine is loaded;
-        `loop_lag` the event loop's lag in seconds (`LoopLag.lag`)."""
+        `loop_lag` the event loop's lag in seconds (`LoopLag.lag`); `core_metrics` each engine
+        core's figures (several cores)."""
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry()
+        self._loop_lag = loop_lag
+        self.loop_lag = None
         if loop_lag is not None:
-            Gauge("streamer_event_loop_lag_seconds", "How late the gateway's event loop runs (peak-holding, "
-                  "half-life 1 s); new streams are refused past MAX_LOOP_LAG_S",
-                  registry=self.registry).set_function(loop_lag)
-        self.sessions = Gauge("streamer_sessions", "Live streams", ["transport"], registry=self.registry)
+            self.loop_lag = Gauge("streamer_event_loop_lag_seconds", "How late the gateway's event loop runs "
+                                  "(peak-holding, half-life 1 s); new streams are refused past MAX_LOOP_LAG_S",
+                                  registry=self.registry, multiprocess_mode="all")
+            if not self.multiprocess:
+                self.loop_lag.set_function(loop_lag)
+        self.sessions = Gauge("streamer_sessions", "Live streams", ["transport"], registry=self.registry,
+                              multiprocess_mode="livesum")
         self.first_partial = Histogram(
             "streamer_time_to_first_partial_seconds",
             "From the server receiving the audio where speech began to the first partial of that utterance",
@@ -78,7 +108,12 @@ class Metrics:
         self.file_time = Histogram(
             "streamer_file_processing_seconds", "From an upload's decoded audio to its transcript",
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800), registry=self.registry)
-        self.registry.register(_EngineCollector(engine_metrics))
+        self.partial_interval = Histogram(
+            "streamer_partial_interval_seconds",
+            "Time between two partial windows of one utterance: the live policy widens it under load",
+            buckets=(0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0), registry=self.registry)
+        self._engine = _EngineCollector(engine_metrics, core_metrics)
+        self.registry.register(self._engine)
 
     def observe_file(self, audio_s: float, wall_s: float) -> None:
         """A file transcription finished: `audio_s` seconds of audio in `wall_s` seconds."""
@@ -86,5 +121,12 @@ class Metrics:
         self.file_time.observe(wall_s)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of everything."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of everything (every worker's, in multiprocess mode)."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        if self.loop_lag is not None:
+            self.loop_lag.set(self._loop_lag())
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(self._engine)
+        return generate_latest(registry)

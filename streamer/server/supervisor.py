@@ -1,0 +1,184 @@
+"""`streamer serve`: one engine core process per device, gateway worker processes on one port.
+
+    supervisor (this process: no model, no sockets of its own but the port reservation)
+      ├─ engine core 0..D-1   `engine.core.run_core`    (ZeroMQ over ipc:// in a private run dir)
+      └─ gateway 0..W-1       `run_gateway`             (uvicorn on the shared port, SO_REUSEPORT)
+
+Each gateway holds an `EngineClient` of every core. The supervisor restarts a child that dies
+(a core's gateways fail its in-flight windows at once and reconnect to the new one). On SIGTERM
+or SIGINT it drains in order: the gateways first (they stop accepting, deliver the finals of open
+utterances, then close), then the cores (they finish what is left and exit).
+
+Children run in their own sessions, so a terminal's Ctrl-C reaches the supervisor alone and the
+drain keeps that order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+
+from streamer.config import Settings
+from streamer.engine.core import CoreSpec, run_core
+
+log = logging.getLogger("streamer.server")
+
+RESTART_DELAY_S = 1.0
+"""A child that died is started again after this pause (crash loops stay slow)."""
+CORE_STOP_S = 40.0
+"""How long cores get to finish their work after the gateways are gone."""
+
+
+def default_workers(cores: int | None = None) -> int:
+    cores = cores or os.cpu_count() or 1
+    return 1 if cores <= 2 else min(8, cores // 2)
+
+
+def engine_devices(device: str) -> list[str]:
+    """The devices of `DEVICE`: `cpu`, `cuda:N`, a comma-separated list, or `cuda` / `auto` for
+    every visible GPU (`auto` falls back to the CPU)."""
+    if "," in device:
+        return [d.strip() for d in device.split(",") if d.strip()]
+    if device in ("cuda", "auto"):
+        import torch
+
+        n = torch.cuda.device_count()
+        if n:
+            return [f"cuda:{i}" for i in range(n)]
+        if device == "cuda":
+            raise RuntimeError("DEVICE=cuda but torch sees no CUDA GPU (is the CUDA build of torch installed?)")
+        return ["cpu"]
+    return [device]
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]], port: int) -> None:
+    """Gateway worker process: the app on the shared port, engines reached through `EngineClient`."""
+    os.setsid()
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s %(levelname)s gateway{index}: %(message)s")
+    os.environ["STREAMER_WORKER_ID"] = str(index)
+    from streamer.engine.client import EngineClient
+    from streamer.server.app import build_server, create_app
+
+    client = EngineClient(addresses, settings.engine, gateway=f"gw{index}-{os.getpid()}")
+    app = create_app(settings, connect=client.start)
+    sock = reuse_port_socket(settings.server.host, port)
+    sock.listen(2048)
+    build_server(app, settings.server.host, port).run(sockets=[sock])
+
+
+def _core_main(spec: CoreSpec) -> None:
+    os.setsid()
+    run_core(spec)
+
+
+class Supervisor:
+    """Starts, watches and stops the engine cores and gateway workers."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.ctx = multiprocessing.get_context("spawn")
+        self.rundir = tempfile.mkdtemp(prefix="streamer-")
+        devices = engine_devices(settings.model.device)
+        self.specs = [CoreSpec(index=i, model=dataclasses.replace(settings.model, device=d), engine=settings.engine,
+                               input_address=f"ipc://{self.rundir}/core{i}-in",
+                               output_address=f"ipc://{self.rundir}/core{i}-out")
+                      for i, d in enumerate(devices)]
+        self.n_workers = settings.server.workers if settings.server.workers is not None else default_workers()
+        # Held (bound, not listening) for the supervisor's life: port 0 becomes a real port, and
+        # no other program takes it between two worker restarts.
+        self.reservation = reuse_port_socket(settings.server.host, settings.server.port)
+        self.port = self.reservation.getsockname()[1]
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", os.path.join(self.rundir, "metrics"))
+        os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+        self.cores: list[multiprocessing.Process | None] = [None] * len(self.specs)
+        self.gateways: list[multiprocessing.Process | None] = [None] * self.n_workers
+        self.stopping = threading.Event()
+
+    def _start_core(self, i: int) -> None:
+        proc = self.ctx.Process(target=_core_main, args=(self.specs[i],), name=f"streamer-core{i}")
+        proc.start()
+        self.cores[i] = proc
+        log.info("engine core %d (%s): pid %d", i, self.specs[i].model.device, proc.pid)
+
+    def _start_gateway(self, i: int) -> None:
+        addresses = [(s.input_address, s.output_address) for s in self.specs]
+        proc = self.ctx.Process(target=run_gateway, args=(self.settings, i, addresses, self.port),
+                                name=f"streamer-gateway{i}")
+        proc.start()
+        self.gateways[i] = proc
+        log.info("gateway %d: pid %d", i, proc.pid)
+
+    def run(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self.stopping.set())
+        for i in range(len(self.specs)):
+            self._start_core(i)
+        for i in range(self.n_workers):
+            self._start_gateway(i)
+        log.info("serving on http://%s:%d with %d gateway workers and %d engine cores",
+                 self.settings.server.host, self.port, self.n_workers, len(self.specs))
+        try:
+            while not self.stopping.wait(0.2):
+                self._restart_dead()
+        finally:
+            self.stop()
+
+    def _restart_dead(self) -> None:
+        from prometheus_client import multiprocess
+
+        for kind, procs, start in (("engine core", self.cores, self._start_core),
+                                   ("gateway", self.gateways, self._start_gateway)):
+            for i, proc in enumerate(procs):
+                if proc is not None and not proc.is_alive():
+                    log.error("%s %d (pid %d) exited with %s; restarting", kind, i, proc.pid, proc.exitcode)
+                    if kind == "gateway":
+                        multiprocess.mark_process_dead(proc.pid)
+                    time.sleep(RESTART_DELAY_S)
+                    if not self.stopping.is_set():
+                        start(i)
+
+    def stop(self) -> None:
+        """Drain: gateways first (finals delivered), then cores; kill what overstays."""
+        grace = self.settings.server.shutdown_grace_s + 15.0
+        for procs, timeout in ((self.gateways, grace), (self.cores, CORE_STOP_S)):
+            for proc in procs:
+                if proc is not None and proc.is_alive():
+                    proc.terminate()  # SIGTERM
+            deadline = time.monotonic() + timeout
+            for proc in procs:
+                if proc is not None:
+                    proc.join(max(0.0, deadline - time.monotonic()))
+                    if proc.is_alive():
+                        log.error("%s did not stop within %.0f s: killed", proc.name, timeout)
+                        proc.kill()
+                        proc.join(5.0)
+        self.reservation.close()
+        shutil.rmtree(self.rundir, ignore_errors=True)
+
+
+def serve(settings: Settings) -> None:
+    """`streamer serve`. WORKERS=0 runs the old single process (gateway and engine together)."""
+    if settings.server.workers == 0:
+        from streamer.server.app import build_server, create_app
+
+        build_server(create_app(settings), settings.server.host, settings.server.port).run()
+        return
+    Supervisor(settings).run()

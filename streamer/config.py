@@ -139,6 +139,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_AUDIO_S": ("server", "max_audio_s"),
     "MODE": ("server", "mode"),
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
+    "SHUTDOWN_GRACE_S": ("server", "shutdown_grace_s"),
 }
 
 

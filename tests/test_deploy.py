@@ -145,7 +145,7 @@ def test_the_pod_sets_only_environment_the_server_reads(rendered):
     at its default, say)."""
     for objects in rendered.values():
         env = env_of(objects)
-        unknown = set(env) - set(ENV_VARS) - {"HOST", "PORT"} - LIBRARY_ENV
+        unknown = set(env) - set(ENV_VARS) - LIBRARY_ENV
         assert not unknown, f"the server reads no {sorted(unknown)} (streamer/config.py ENV_VARS)"
         settings = load_settings(plain_env(objects))
         assert settings.server.host == "0.0.0.0"

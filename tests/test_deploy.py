@@ -45,6 +45,7 @@ FULL = {
 """Every optional part switched on, at a production shape (8-GPU pods, an API key, header affinity)."""
 
 MINIMAL = {"autoscaling": {"enabled": False}, "ingress": {"enabled": False}, "serviceMonitor": {"enabled": False},
+           "service": {"type": "LoadBalancer", "sessionAffinity": "ClientIP"},
            "prometheusAdapter": {"rules": False}, "podDisruptionBudget": {"enabled": False},
            "serviceAccount": {"create": False}}
 
@@ -281,6 +282,7 @@ def test_ingress_keeps_websockets_open_and_routes_resumes_back(rendered):
     assert cookie["nginx.ingress.kubernetes.io/affinity"] == "cookie"
     assert cookie["nginx.ingress.kubernetes.io/affinity-mode"] == "persistent"
     assert cookie["nginx.ingress.kubernetes.io/session-cookie-name"] == "streamer-affinity"
+    assert one(rendered["minimal"], "Service")["spec"]["sessionAffinity"] == "ClientIP"  # no Ingress: L4 affinity
     header = one(rendered["full"], "Ingress")["metadata"]["annotations"]
     assert header["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_streamer_affinity"
     assert "nginx.ingress.kubernetes.io/affinity" not in header

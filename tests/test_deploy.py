@@ -289,9 +289,11 @@ def test_ingress_keeps_websockets_open_and_routes_resumes_back(rendered):
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"gpu": {"count": 0}}, "gpu.count"),
-    ({"probes": {"liveness": {"periodSeconds": 5, "failureThreshold": 3}}}, "probes.liveness"),
-    ({"ingress": {"affinity": {"mode": "ip"}}}, "ingress.affinity.mode"),
+    ({"gpu": {"count": 0}}, "/gpu/count"),  # values.schema.json
+    ({"gpus": 8}, "'gpus' not allowed"),  # a misspelt key is an error, not a silent default
+    ({"server": {"workers": "4"}}, "/server/workers"),
+    ({"ingress": {"affinity": {"mode": "ip"}}}, "/ingress/affinity/mode"),
+    ({"probes": {"liveness": {"periodSeconds": 5, "failureThreshold": 3}}}, "probes.liveness"),  # the template's check
 ])
 def test_unsafe_values_refuse_to_render(helm, values, message):
     with pytest.raises(Exception, match=re.escape(message)):

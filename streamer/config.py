@@ -104,6 +104,9 @@ class ServerConfig:
     """Default long-form mode of the file endpoints: `fast` or `accurate`."""
     shutdown_grace_s: float = 10.0
     """On shutdown, time given to open streams to receive their finals."""
+    max_backlog_s: float = 10.0
+    """A live stream's socket is not read while this much of its audio past the end of its
+    oldest undelivered final is waiting (TCP then slows the sender). 0: no limit."""
     max_loop_lag_s: float = 1.0
     """New live streams are refused (`overloaded`) while the event loop runs this late: the
     gateway is past what one process can serve, and the streams it has would suffer. 0: no limit."""
@@ -139,6 +142,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_AUDIO_S": ("server", "max_audio_s"),
     "MODE": ("server", "mode"),
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
+    "MAX_BACKLOG_S": ("server", "max_backlog_s"),
     "SHUTDOWN_GRACE_S": ("server", "shutdown_grace_s"),
 }
 

@@ -16,14 +16,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import numpy as np
 import torch
 from torch.nn.attention import sdpa_kernel
 
 from streamer.config import EngineConfig, ModelConfig
-from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Priority, Request, RequestState, Result
+from streamer.engine.request import SAMPLE_RATE, DecodeOptions, Priority, Request, RequestState, Result
 from streamer.engine.beam import MAX_BEAM
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
@@ -68,18 +68,53 @@ def resolve_device(config: ModelConfig) -> tuple[torch.device, torch.dtype]:
     return device, dtype
 
 
-class Handle:
-    """A submitted window: await its result, iterate its tokens, or cancel it."""
+@dataclass(eq=False)
+class Ticket:
+    """A submitted window as the model thread sees it: how to report back, and its attempts.
 
-    def __init__(self, engine: "Engine", request: Request, loop: asyncio.AbstractEventLoop, stream_tokens: bool):
+    `on_done(result, error)` is called exactly once, from whichever thread settles the window
+    (the model thread, or the caller's on cancel); `on_tokens(tokens)` after each step that
+    sampled tokens for it, when given. Both must be cheap and must not block."""
+
+    request: Request
+    on_done: Callable[[Result | None, Exception | None], None]
+    on_tokens: Callable[[list[int]], None] | None = None
+    attempts: list[Result] = field(default_factory=list)
+    """Results of the attempts that failed the fallback checks (engine thread only)."""
+    first_token_at: float | None = None
+    """Monotonic time of the first sampled token of any attempt."""
+    done: bool = False
+
+
+class Handle:
+    """A submitted window for an asyncio caller: await its result, iterate its tokens, or cancel it."""
+
+    def __init__(self, engine: "Engine", request_id: str, loop: asyncio.AbstractEventLoop, stream_tokens: bool):
         self.engine = engine
-        self.request = request
-        self.id = request.id
+        self.id = request_id
         self.future: asyncio.Future[Result] = loop.create_future()
         self.submitted = time.monotonic()
+        self._loop = loop
         self._tokens: asyncio.Queue | None = asyncio.Queue() if stream_tokens else None
-        self.attempts: list[Result] = []
-        """Results of the attempts that failed the fallback checks (engine thread only)."""
+
+    def _settle(self, result: Result | None, error: Exception | None) -> None:
+        """`Ticket.on_done`: hand the outcome to the caller's loop (any thread)."""
+        def settle():
+            if not self.future.done():
+                if error is not None:
+                    self.future.set_exception(error)
+                    self.future.exception()  # retrieved: a cancelled window nobody awaits is not an error
+                else:
+                    self.future.set_result(result)
+            if self._tokens is not None:
+                self._tokens.put_nowait(None)
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(settle)
+
+    def _on_tokens(self, tokens: list[int]) -> None:
+        if not self._loop.is_closed():
+            for token in tokens:
+                self._loop.call_soon_threadsafe(self._tokens.put_nowait, token)
 
     async def result(self) -> Result:
         return await asyncio.shield(self.future)
@@ -95,7 +130,7 @@ class Handle:
             yield token
 
     def cancel(self) -> None:
-        self.engine.cancel(self)
+        self.engine.cancel_request(self.id)
 
     def __await__(self):
         return self.result().__await__()
@@ -144,7 +179,7 @@ class Engine:
             self.warm_admission()
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
         self.metrics_data = EngineMetrics()
-        self._handles: dict[str, Handle] = {}
+        self._tickets: dict[str, Ticket] = {}
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
@@ -232,73 +267,106 @@ class Engine:
 
     # --- submission -------------------------------------------------------------------------------
 
-    def submit(self, audio: np.ndarray | None = None, options: DecodeOptions | None = None, *,
-               priority: Priority = Priority.FILE, session_id: str | None = None, features=None,
-               stream_tokens: bool = False) -> Handle:
+    def check_options(self, options: DecodeOptions) -> None:
+        """Raise ValueError now, in the caller's thread, for options the model cannot take."""
+        if options.language is not None and self.tokenizer.multilingual:
+            self.tokenizer.language_token(options.language)
+        if options.beam_size > MAX_BEAM:
+            raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
+        if options.prompt_tokens:
+            self.tokenizer.prompt_from_tokens(options.prompt_tokens, 2)
+
+    def enqueue(self, request_id: str, audio: np.ndarray, options: DecodeOptions, *, priority: Priority,
+                on_done: Callable[[Result | None, Exception | None], None],
+                on_tokens: Callable[[list[int]], None] | None = None, session_id: str | None = None,
+                deadline: float | None = None) -> Ticket:
+        """Queue one window (≤ 30 s) from any thread; the outcome goes to `on_done`. Raises
+        QueueFull, EngineClosed or ValueError at once. `deadline` (monotonic seconds): when the
+        window should be admitted; within a class the earliest goes first (live windows pass the
+        wall time at which their audio ended at real-time pace, so a fast sender cannot overtake)."""
+        if self._closed:
+            raise EngineClosed("the engine is shutting down")
+        self.check_options(options)
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + ADMISSION_DEADLINE_S[priority]
+        request = Request(id=request_id, audio=np.asarray(audio, np.float32), options=options, priority=priority,
+                          session_id=session_id, deadline=deadline, arrival=now)
+        ticket = Ticket(request, on_done, on_tokens)
+        with self._cond:
+            replaced = self.scheduler.add(request)  # raises QueueFull
+            self._tickets[request.id] = ticket
+            self._cond.notify()
+        if replaced is not None:
+            self._finish(self._tickets.pop(replaced.id, None), error=Cancelled("replaced by a newer partial"))
+        if self._thread is None:
+            self.start()
+        return ticket
+
+    def submit(self, audio: np.ndarray, options: DecodeOptions | None = None, *,
+               priority: Priority = Priority.FILE, session_id: str | None = None, stream_tokens: bool = False,
+               deadline: float | None = None) -> Handle:
         """Queue one window (≤ 30 s); must be called from a running event loop. Raises QueueFull."""
         if self._closed:
             raise EngineClosed("the engine is shutting down")
         options = options or DecodeOptions()
-        if options.language is not None and self.tokenizer.multilingual:
-            self.tokenizer.language_token(options.language)  # ValueError now, not in the model thread
-        if options.beam_size > MAX_BEAM:
-            raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
-        if options.prompt_tokens:
-            self.tokenizer.prompt_from_tokens(options.prompt_tokens, 2)  # ValueError for ids it cannot take
-        loop = asyncio.get_running_loop()
-        now = time.monotonic()
-        request = Request(id=f"w{next(self._ids)}", audio=None if audio is None else np.asarray(audio, np.float32),
-                          features=features, options=options, priority=priority, session_id=session_id,
-                          deadline=now + ADMISSION_DEADLINE_S[priority], arrival=now)
-        handle = Handle(self, request, loop, stream_tokens)
-        self._enqueue(request, handle)
-        if self._thread is None:
-            self.start()
+        self.check_options(options)  # ValueError before anything else
+        request_id = f"w{next(self._ids)}"
+        handle = Handle(self, request_id, asyncio.get_running_loop(), stream_tokens)
+        self.enqueue(request_id, audio, options, priority=priority, session_id=session_id,
+                     deadline=deadline, on_done=handle._settle, on_tokens=handle._on_tokens if stream_tokens else None)
         return handle
 
     async def transcribe(self, audio: np.ndarray, options: DecodeOptions | None = None, **kw) -> Result:
         return await self.submit(audio, options, **kw).result()
 
-    def _enqueue(self, request: Request, handle: Handle) -> None:
+    def cancel_request(self, request_id: str) -> None:
+        """Drop a window wherever it is (queued or decoding); its `on_done` gets `Cancelled`."""
         with self._cond:
-            replaced = self.scheduler.add(request)  # raises QueueFull
-            self._handles[request.id] = handle
+            self.scheduler.cancel(request_id)
+            ticket = self._tickets.pop(request_id, None)
             self._cond.notify()
-        if replaced is not None:
-            self._finish(self._handles.pop(replaced.id, None), error=Cancelled("replaced by a newer partial"))
+        self._finish(ticket, error=Cancelled("cancelled"))
 
-    def cancel(self, handle: Handle) -> None:
-        with self._cond:
-            self.scheduler.cancel(handle.request.id)
-            self._handles.pop(handle.request.id, None)
-            self._cond.notify()
-        self._finish(handle, error=Cancelled("cancelled"))
-
-    async def call(self, fn, *args):
-        """Run `fn(*args)` on the model thread between two steps (e.g. word alignment), await its value."""
+    def call_soon(self, fn, args: tuple, on_done: Callable[[object, Exception | None], None]) -> None:
+        """Run `fn(*args)` on the model thread between two steps; its value goes to `on_done`."""
         if self._closed:
             raise EngineClosed("the engine is shutting down")
-        future = asyncio.get_running_loop().create_future()
         with self._cond:
-            self._calls.append((fn, args, future))
+            self._calls.append((fn, args, on_done))
             self._cond.notify()
         if self._thread is None:
             self.start()
+
+    async def call(self, fn, *args):
+        """Run `fn(*args)` on the model thread between two steps (e.g. word alignment), await its value."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(value, error):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(
+                    lambda: future.done() or (future.set_exception(error) if error else future.set_result(value)))
+
+        self.call_soon(fn, args, done)
         return await future
+
+    async def align(self, items: list, language: str | None, task: str) -> list:
+        """Word timings of each `AlignmentItem` (`model.alignment.find_word_timings`), on the model thread."""
+        from streamer.model.alignment import find_word_timings
+
+        return await self.call(find_word_timings, self.loaded, items, language, task)
 
     def _run_calls(self) -> None:
         with self._cond:
             calls, self._calls = self._calls, []
-        for fn, args, future in calls:
+        for fn, args, on_done in calls:
             try:
                 with sdpa_kernel(SDPA_BACKENDS):  # varying shapes (e.g. alignment): no cuDNN plans
                     value, error = fn(*args), None
             except Exception as e:
                 value, error = None, e
-            loop = future.get_loop()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(
-                    lambda f=future, v=value, e=error: f.done() or (f.set_exception(e) if e else f.set_result(v)))
+            on_done(value, error)
 
     # --- the model thread -------------------------------------------------------------------------
 
@@ -319,9 +387,9 @@ class Engine:
                 if plan.empty:
                     self._cond.wait(0.01)
                     continue
-                preempted = [self._handles.pop(r.id, None) for r in plan.preempted]
-            for h in preempted:
-                self._finish(h, error=Cancelled("preempted by a final"))
+                preempted = [self._tickets.pop(r.id, None) for r in plan.preempted]
+            for t in preempted:
+                self._finish(t, error=Cancelled("preempted by a final"))
             t0 = time.perf_counter()
             try:
                 res = self.runner.step(plan.encode, plan.released)
@@ -331,20 +399,34 @@ class Engine:
                 self.runner.slots.clear()
                 with self._cond:
                     self.scheduler.update(StepOutput(failed=failed))
-                    handles = [self._handles.pop(i, None) for i in failed]
-                for h in handles:
-                    self._finish(h, error=RuntimeError(f"engine step failed: {e}"))
+                    tickets = [self._tickets.pop(i, None) for i in failed]
+                for t in tickets:
+                    self._finish(t, error=RuntimeError(f"engine step failed: {e}"))
                 continue
             finished = [s.id for s in res.finished]
             with self._cond:
                 self.scheduler.update(StepOutput(encoded=res.encoded, finished=finished))
             self._account(res, plan, time.perf_counter() - t0)
-            for rid, token in res.tokens:
-                h = self._handles.get(rid)
-                if h is not None and h._tokens is not None:
-                    h.future.get_loop().call_soon_threadsafe(h._tokens.put_nowait, token)
+            self._deliver_tokens(res.tokens)
             for seq in res.finished:
                 self._complete(seq)
+
+    def _deliver_tokens(self, tokens: list[tuple[str, int]]) -> None:
+        """Note each window's first token; hand sampled tokens to the windows that stream them."""
+        if not tokens:
+            return
+        now = time.monotonic()
+        by_id: dict[str, list[int]] = {}
+        for rid, token in tokens:
+            by_id.setdefault(rid, []).append(token)
+        for rid, toks in by_id.items():
+            t = self._tickets.get(rid)
+            if t is None:
+                continue
+            if t.first_token_at is None:
+                t.first_token_at = now
+            if t.on_tokens is not None:
+                t.on_tokens(toks)
 
     def _account(self, res, plan, dt: float) -> None:
         m = self.metrics_data
@@ -366,33 +448,35 @@ class Engine:
         opts = req.options
         result = self.build_result(seq)
         with self._cond:
-            handle = self._handles.pop(req.id, None)
+            ticket = self._tickets.pop(req.id, None)
         # The ratio is of the whole decoded text (build_result's), also when the window was judged silent.
         failed = needs_fallback(result.compression_ratio, result.avg_logprob, result.no_speech_prob, opts,
                                 result.truncated)
-        if failed and handle is not None:
-            handle.attempts.append(result)
+        if failed and ticket is not None:
+            ticket.attempts.append(result)
             if req.attempt + 1 < len(opts.temperatures) and not self._closed:
                 # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
                 retry = dataclasses.replace(req, id=f"{req.id.split('.')[0]}.{req.attempt + 1}", attempt=req.attempt + 1,
                                             temperature=opts.temperatures[req.attempt + 1], state=RequestState.QUEUED,
                                             options=dataclasses.replace(opts, beam_size=1), n_slots=1)
                 with self._cond:
-                    handle.request = retry
+                    ticket.request = retry
                     try:
                         self.scheduler.add(retry)
-                        self._handles[retry.id] = handle
+                        self._tickets[retry.id] = ticket
                         self._cond.notify()
                         return
                     except QueueFull:
                         pass  # no room for a retry: settle with the attempts so far
-            result = best_attempt(handle.attempts, opts.compression_ratio_threshold)
-        self._finish(handle, result=result)
+            result = best_attempt(ticket.attempts, opts.compression_ratio_threshold)
+        if ticket is not None:
+            result.first_token_s = None if ticket.first_token_at is None else ticket.first_token_at - req.arrival
+        self._finish(ticket, result=result)
 
     def build_result(self, seq: Sequence) -> Result:
         tok = self.tokenizer
         req = seq.request
-        duration = (len(req.audio) if req.audio is not None else MAX_WINDOW_SAMPLES) / SAMPLE_RATE
+        duration = len(req.audio) / SAMPLE_RATE
         tokens = [t for t in seq.tokens if t != tok.eot]
         text = tok.decode(tokens)
         avg_logprob = seq.sum_logprob / max(1, len(seq.tokens))
@@ -411,23 +495,11 @@ class Engine:
                       compression_ratio=ratio, temperature=req.temperature, duration=duration,
                       truncated=not seq.tokens or seq.tokens[-1] != tok.eot)
 
-    def _finish(self, handle: Handle | None, result: Result | None = None, error: Exception | None = None) -> None:
-        if handle is None:
+    def _finish(self, ticket: Ticket | None, result: Result | None = None, error: Exception | None = None) -> None:
+        if ticket is None or ticket.done:
             return
-        loop = handle.future.get_loop()
-
-        def settle():
-            if not handle.future.done():
-                if error is not None:
-                    handle.future.set_exception(error)
-                else:
-                    handle.future.set_result(result)
-            if handle._tokens is not None:
-                handle._tokens.put_nowait(None)
-
-        if loop.is_closed():
-            return
-        loop.call_soon_threadsafe(settle)
+        ticket.done = True
+        ticket.on_done(result, error)
 
     # --- metrics ----------------------------------------------------------------------------------
 
@@ -446,3 +518,25 @@ class Engine:
     @property
     def model_name(self) -> str:
         return self.loaded.name
+
+    @property
+    def device(self) -> str:
+        return str(self.runner.device)
+
+    @property
+    def ready(self) -> bool:
+        """Loaded and warmed up (the constructor does both)."""
+        return not self._closed
+
+    @property
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth
+
+    @property
+    def max_queue(self) -> int:
+        return self.scheduler.config.max_queue
+
+    @property
+    def partial_queue_limit(self) -> int:
+        """Queue depth from which partials are refused."""
+        return self.scheduler.config.partial_queue_limit

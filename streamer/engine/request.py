@@ -178,6 +178,9 @@ class Result:
     """Seconds of audio in the window."""
     truncated: bool = False
     """The decode stopped at its token limit instead of ending with end-of-text (a loop does)."""
+    first_token_s: float | None = None
+    """Seconds from the engine taking the window to its first sampled token (queue wait plus the
+    encoder pass and prefill), measured by the engine."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, ready for `json.dumps`."""

@@ -31,10 +31,10 @@ async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOption
     """Queue one window. A new recording (`started=False`) is refused at once with `QueueFull`
     (HTTP 429); one under way waits for room instead of failing half done."""
     delay = RETRY_FIRST_S
-    limit = max(1, int(FILE_QUEUE_SHARE * engine.scheduler.config.max_queue))
+    limit = max(1, int(FILE_QUEUE_SHARE * engine.max_queue))
     while True:
         try:
-            depth = engine.scheduler.queue_depth
+            depth = engine.queue_depth
             if depth >= limit:
                 raise QueueFull(depth, limit, Priority.FILE)
             return engine.submit(audio, options, priority=Priority.FILE)

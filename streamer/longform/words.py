@@ -6,14 +6,14 @@ import numpy as np
 
 from streamer.engine.request import SAMPLE_RATE
 from streamer.longform.transcript import Window
-from streamer.model.alignment import MAX_BATCH, AlignmentItem, find_word_timings, words_in_segments
+from streamer.model.alignment import MAX_BATCH, AlignmentItem, words_in_segments
 
 
 async def add_word_timestamps(engine, audio: np.ndarray, windows: list[Window], *, language: str | None,
                               task: str) -> None:
     """Fill `words` of every segment of `windows` in place.
 
-    Windows go to the model thread MAX_BATCH at a time (`engine.call`): each call is one
+    Windows go to the model thread MAX_BATCH at a time (`engine.align`): each call is one
     forward pass, and engine steps for other requests run between calls.
     """
     todo = [w for w in windows if w.segments]
@@ -21,7 +21,7 @@ async def add_word_timestamps(engine, audio: np.ndarray, windows: list[Window], 
         batch = todo[k:k + MAX_BATCH]
         items = [AlignmentItem(audio[w.start:w.start + w.length], [t for s in w.segments for t in s.tokens])
                  for w in batch]
-        timings = await engine.call(find_word_timings, engine.loaded, items, language, task)
+        timings = await engine.align(items, language, task)
         for window, window_timings in zip(batch, timings):
             spans = [(s.start, s.end, len(s.tokens)) for s in window.segments]
             per_segment = words_in_segments(window_timings, spans, offset=window.start / SAMPLE_RATE)

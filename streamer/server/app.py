@@ -52,9 +52,9 @@ async def health(request: Request) -> JSONResponse:
     body = {
         "status": "shutting_down" if state.shutting_down else ("ok" if engine is not None else "loading"),
         "model": engine.model_name if engine is not None else None,
-        "device": str(next(engine.loaded.model.parameters()).device) if engine is not None else None,
+        "device": engine.device if engine is not None else None,
         "sessions": len(state.sessions),
-        "queue": engine.scheduler.queue_depth if engine is not None else 0,
+        "queue": engine.queue_depth if engine is not None else 0,
     }
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 

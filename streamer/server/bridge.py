@@ -115,6 +115,11 @@ class Bridge:
         self._speech_wall: dict[int, float] = {}
         """Utterances without a partial yet: when the server received the audio where speech began."""
         self._dropping = False
+        self._origin: float | None = None
+        """Monotonic time at which stream time 0 would have arrived at real-time pace (set at the
+        first audio; moved later whenever the client falls behind real time, never earlier)."""
+        self._room = asyncio.Event()
+        self._room.set()
 
     # --- input ------------------------------------------------------------------------------------
 
@@ -123,7 +128,12 @@ class Bridge:
         if len(pcm) == 0:
             return
         now = time.monotonic()
-        self._marks.append((self.session.stream_time + len(pcm) / SAMPLE_RATE, now))
+        start = self.session.stream_time
+        if self._origin is None or self._origin + start < now:
+            # Behind real time (a pause, a slow network): the clock restarts from now, so that
+            # windows of a late client are not all overdue and cannot jump ahead of the others.
+            self._origin = now - start
+        self._marks.append((start + len(pcm) / SAMPLE_RATE, now))
         while len(self._marks) > 1 and self._marks[1][0] < self._marks[-1][0] - MARK_HISTORY_S:
             self._marks.popleft()
         self._dispatch(self.session.feed(pcm))
@@ -143,6 +153,21 @@ class Bridge:
         finally:
             self._dropping = False
         return bool(events)
+
+    @property
+    def backlog_s(self) -> float:
+        """Stream audio received past the end of the oldest final not delivered yet."""
+        if not self._finals:
+            return 0.0
+        return self.session.stream_time - self._finals[0].window.end
+
+    async def wait_for_room(self, max_backlog_s: float) -> None:
+        """Return once the backlog is at most `max_backlog_s`. The transport awaits this before
+        it reads the socket again, so a client that sends faster than its finals are served is
+        slowed by TCP's flow control instead of queueing without bound."""
+        while max_backlog_s > 0 and self.backlog_s > max_backlog_s:
+            self._room.clear()
+            await self._room.wait()
 
     async def finish(self, timeout: float) -> None:
         """End of audio: finalise the open utterance and wait (up to `timeout`) until every final
@@ -168,6 +193,7 @@ class Bridge:
         for task in list(self._tasks):
             task.cancel()
         self._finals.clear()
+        self._room.set()
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -230,7 +256,7 @@ class Bridge:
             return
         try:
             handle = self.engine.submit(window.audio, self._options(window), priority=Priority.PARTIAL,
-                                        session_id=self.session_id, stream_tokens=True)
+                                        session_id=self.session_id, deadline=self._deadline(window))
         except (QueueFull, EngineClosed):
             return  # partials are the first thing to go under load
         self._partial = (window, handle)
@@ -272,8 +298,7 @@ class Bridge:
         window = job.window
         result, error = None, None
         try:
-            job.handle = await self._submit_with_patience(window)
-            result = await self._result(job.handle, "final")
+            result = await self._decode_final(job)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -292,27 +317,38 @@ class Bridge:
             job.delivered.set()
             if job in self._finals:
                 self._finals.remove(job)
+            self._room.set()
         waiting, self._partial_next = self._partial_next, None
         if waiting is not None:
             self._submit_partial(waiting)
 
-    async def _submit_with_patience(self, window: SubmitWindow) -> Handle:
-        """Submit a final; a full queue is waited out for a while (finals are not dropped)."""
+    async def _decode_final(self, job: _FinalJob):
+        """Decode a final; a full queue (said at submit, or by a remote engine core afterwards)
+        is waited out for a while: finals are not dropped."""
+        window = job.window
         give_up = time.monotonic() + FINAL_SUBMIT_PATIENCE_S
         while True:
             try:
-                return self.engine.submit(window.audio, self._options(window), priority=Priority.FINAL,
-                                          session_id=self.session_id, stream_tokens=True)
+                job.handle = self.engine.submit(window.audio, self._options(window), priority=Priority.FINAL,
+                                                session_id=self.session_id, deadline=self._deadline(window))
+                return await self._result(job.handle, "final")
             except QueueFull:
                 if time.monotonic() > give_up:
                     raise
                 await asyncio.sleep(FINAL_SUBMIT_RETRY_S)
 
+    def _deadline(self, window: SubmitWindow) -> float | None:
+        """When the window's audio ended at real-time pace (monotonic): the engine serves windows
+        of a class in this order, so a client that sends faster than real time queues behind the
+        others instead of pushing their finals back."""
+        if self._origin is None:
+            return None
+        return self._origin + window.end
+
     async def _result(self, handle: Handle, kind: str):
-        """The window's result, observing the wait for its first token."""
-        async for _ in handle.tokens():
-            self.metrics.queue_wait.labels(kind).observe(time.monotonic() - handle.submitted)
-            break
+        """The window's result, observing the engine's wait for its first token and the whole time."""
         result = await handle.result()
+        if result.first_token_s is not None:
+            self.metrics.queue_wait.labels(kind).observe(result.first_token_s)
         self.metrics.window_time.labels(kind).observe(time.monotonic() - handle.submitted)
         return result

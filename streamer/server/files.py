@@ -220,12 +220,12 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
         raise ApiError(400, "`file` is required: the audio file to transcribe", "missing_file", param="file")
     tok = engine.tokenizer
     served = _served_names(engine)
-    model = text("model", engine.loaded.name)
+    model = text("model", engine.model_name)
     if model not in served:
         raise ApiError(400, f"model {model!r} is not served here; use one of: {', '.join(served)}",
                        "model_not_found", param="model")
     if task == "translate" and not tok.multilingual:
-        raise ApiError(400, f"model {engine.loaded.name!r} is English-only and cannot translate; "
+        raise ApiError(400, f"model {engine.model_name!r} is English-only and cannot translate; "
                             "serve a multilingual model (e.g. `base`) for translations", "unsupported_task", param="model")
     response_format = text("response_format", "json")
     if response_format not in FORMATS:
@@ -310,7 +310,7 @@ def _shutting_down() -> ApiError:
 
 
 def _served_names(engine) -> list[str]:
-    return [engine.loaded.name, WHISPER_ALIAS]
+    return [engine.model_name, WHISPER_ALIAS]
 
 
 def _model_card(name: str) -> dict:

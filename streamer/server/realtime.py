@@ -191,6 +191,8 @@ class RealtimeStream(SocketStream):
         """Client events until the connection ends; returns why: idle_timeout, disconnect or error."""
         limit = self.state.settings.server.max_message_bytes
         while True:
+            if self._seg is not None:
+                await self._seg.bridge.wait_for_room(self.state.settings.server.max_backlog_s)
             message = await self._next_message()
             if isinstance(message, str):
                 return message

@@ -70,7 +70,7 @@ class ServerState:
     def engine_saturated(self) -> bool:
         """The engine refuses partials already (its queue is half full): no new streams."""
         engine = self.engine
-        return engine is not None and engine.scheduler.queue_depth >= engine.scheduler.config.partial_queue_limit
+        return engine is not None and engine.queue_depth >= engine.partial_queue_limit
 
     async def drain(self) -> None:
         """Shutdown, part one: refuse new streams, finalise and close every open one.

@@ -254,6 +254,8 @@ class NativeStream(SocketStream):
         disconnect or error (a fatal error has then been queued)."""
         limit = self.state.settings.server.max_message_bytes
         while True:
+            if self._bridge is not None:
+                await self._bridge.wait_for_room(self.state.settings.server.max_backlog_s)
             message = await self._next_message()
             if isinstance(message, str):
                 return message

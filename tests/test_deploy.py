@@ -30,7 +30,7 @@ FULL = {
     "gpu": {"count": 8},
     "model": {"id": "/models/large-v3-turbo", "offline": True, "vramLimitGB": 120,
               "volume": {"persistentVolumeClaim": {"claimName": "whisper-weights", "readOnly": True}},
-              "cache": {"persistentVolumeClaim": {"claimName": "hf-cache"}}},
+              "cache": {"existingClaim": "hf-cache"}},
     "server": {"maxSessions": 512, "idleTimeoutSeconds": 120, "maxUploadMB": 500,
                "extraEnv": [{"name": "MAX_LOOP_LAG_S", "value": "1.5"}]},
     "apiKey": {"existingSecret": "streamer-api-key"},
@@ -154,6 +154,18 @@ def test_the_pod_sets_only_environment_the_server_reads(rendered):
     full = load_settings(plain_env(rendered["full"]))
     assert (full.model.model, full.server.max_sessions, full.server.idle_timeout_s, full.server.shutdown_grace_s) \
         == ("/models/large-v3-turbo", 512, 120.0, 60.0)
+
+
+def test_volumes_have_one_source_and_every_mount_a_volume(rendered):
+    """Helm merges maps of values into the defaults: a volume given as a map could end up with two sources."""
+    for objects in rendered.values():
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        volumes = {v["name"]: set(v) - {"name"} for v in pod["volumes"]}
+        assert all(len(sources) == 1 for sources in volumes.values()), volumes
+        assert {m["name"] for m in pod["containers"][0]["volumeMounts"]} == set(volumes)
+    pod = one(rendered["full"], "Deployment")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["hf-cache"] == \
+        {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
 
 
 def test_no_secret_in_the_chart(rendered):

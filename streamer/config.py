@@ -149,6 +149,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MODE": ("server", "mode"),
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
     "MAX_BACKLOG_S": ("server", "max_backlog_s"),
+    "SHUTDOWN_GRACE_S": ("server", "shutdown_grace_s"),
 }
 
 

@@ -22,6 +22,10 @@ from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+TRANSPORTS = ("stream", "realtime", "webrtc")
+"""Every `LiveStream.transport`: each has its `streamer_sessions` series from the start, so that an
+idle server reports 0 (an autoscaler reading a series that does not exist yet cannot scale down)."""
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 """Seconds; dense under 1 s, where the finalisation target lies."""
 
@@ -85,6 +89,8 @@ class Metrics:
                 self.loop_lag.set_function(loop_lag)
         self.sessions = Gauge("streamer_sessions", "Live streams", ["transport"], registry=self.registry,
                               multiprocess_mode="livesum")
+        for transport in TRANSPORTS:
+            self.sessions.labels(transport)
         self.first_partial = Histogram(
             "streamer_time_to_first_partial_seconds",
             "From the server receiving the audio where speech began to the first partial of that utterance",

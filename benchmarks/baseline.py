@@ -6,7 +6,10 @@ the oldest files), the system "ours" or "transformers". Compared per row: `wall_
 (slower = larger), and per run the encoder's `encoder_windows_per_s` (slower = smaller). With
 several baseline files, each row is compared with the fastest recorded value for it: a regressed
 run that was committed (as the decode step of 2026-11-30 14:12 was, issue 15) does not become the
-new standard. Runs with a different forced token count are not compared.
+new standard. A row that no file has for its own preset is compared with the preset it must not
+be slower than (`FALLBACK`: full_fp16 is plain PyTorch plus our kernels, the FP8 presets are
+offered only where they beat full_fp16), marked "(via PRESET)". Runs with a different forced
+token count are not compared.
 
     python benchmarks/baseline.py NEW.json OLD.json [OLD2.json ...]
 """
@@ -19,6 +22,9 @@ from pathlib import Path
 
 SLOWER = 1.10
 """A row is flagged when it takes more than this times its baseline's time."""
+
+FALLBACK = {"full_fp16": "plain", "mixed_fp8": "full_fp16", "aggressive_fp8": "mixed_fp8"}
+"""preset -> the preset whose recorded rows it is held to when it has none of its own."""
 
 # metric -> True when larger is slower
 METRICS = {"wall_s": True, "step_ms": True}
@@ -71,9 +77,12 @@ def compare(report: dict, baselines: list[tuple[str, dict]], slower: float = SLO
     best = best_of(baselines)
     rows = []
     for key, value in measurements(report).items():
-        if key not in best:
+        found, via = _lookup(best, key)
+        if found is None:
             continue
-        old, source = best[key]
+        old, source = found
+        if via != key[1]:
+            source += f" (via {via})"
         ratio = value / old if _slower_when_larger(key[4]) else old / value
         model, precision, system, windows, metric, _ = key
         rows.append({"model": model, "precision": precision, "system": system, "windows": windows, "metric": metric,
@@ -82,10 +91,21 @@ def compare(report: dict, baselines: list[tuple[str, dict]], slower: float = SLO
     return rows
 
 
+def _lookup(best: dict, key: tuple):
+    """(best[key] or that of the first FALLBACK preset that has one, the precision it came from)."""
+    precision = key[1]
+    while precision is not None:
+        k = (key[0], precision, *key[2:])
+        if k in best:
+            return best[k], precision
+        precision = FALLBACK.get(precision)
+    return None, None
+
+
 def unmatched(report: dict, baselines: list[tuple[str, dict]]) -> list[tuple]:
-    """Measurements of `report` that no baseline has (new shapes, presets or batch sizes)."""
+    """Measurements of `report` that no baseline has (new shapes, or batch sizes no preset ran)."""
     best = best_of(baselines)
-    return [k for k in measurements(report) if k not in best]
+    return [k for k in measurements(report) if _lookup(best, k)[0] is None]
 
 
 def load(paths: list[str]) -> list[tuple[str, dict]]:

@@ -46,11 +46,21 @@ def test_ratios_and_the_ten_percent_flag():
 
 def test_faster_rows_are_not_flagged_and_unknown_rows_are_left_out():
     old = _report(step_128=18.4, wall_128=3.0, encoder=200)
-    new = _report(step_128=11.2, wall_128=2.2, encoder=210, precision="mixed_fp8")  # no mixed_fp8 baseline
-    assert [r for r in baseline.compare(new, [("old.json", old)]) if r["system"] == "ours"] == []
-    assert len(baseline.unmatched(new, [("old.json", old)])) == 5  # 2 rows x 2 metrics + the encoder
     faster = _report(step_128=11.2, wall_128=2.2, encoder=210)
     assert not any(r["flag"] for r in baseline.compare(faster, [("old.json", old)]))
+    unknown = _report(11.2, 2.2, 210, precision="full_fp16+overlap")  # a variant no file has, and no fallback
+    assert [r for r in baseline.compare(unknown, [("old.json", old)]) if r["system"] == "ours"] == []
+    assert len(baseline.unmatched(unknown, [("old.json", old)])) == 5  # 2 rows x 2 metrics + the encoder
+
+
+def test_a_preset_without_rows_of_its_own_is_held_to_the_one_it_must_beat():
+    old = _report(step_128=11.16, wall_128=2.21, encoder=212)  # full_fp16 only
+    new = _report(step_128=12.5, wall_128=2.2, encoder=270, precision="mixed_fp8")
+    step = _by(baseline.compare(new, [("old.json", old)]), 128, "step_ms")
+    assert step["baseline_file"] == "old.json (via full_fp16)" and step["flag"] == "SLOWER"
+    plain = _report(step_128=13.1, wall_128=2.68, encoder=163, precision="plain")
+    rows = baseline.compare(_report(18.4, 2.4, 210), [("plain.json", plain)])
+    assert _by(rows, 128, "step_ms")["flag"] == "SLOWER" and _by(rows, 128, "wall_s")["flag"] == ""
 
 
 def test_the_fastest_of_several_baselines_is_the_standard():

@@ -12,11 +12,11 @@ from torch.nn.attention import SDPBackend
 
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig
-from streamer.engine import runner as runner_mod
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions
 from streamer.engine.runner import SDPA_BACKENDS, Runner, attention_for, sdpa_backends
 from streamer.model.weights import load_model
+from streamer.model.whisper import AudioEncoder, TextDecoder
 
 CUDNN = SDPBackend.CUDNN_ATTENTION
 
@@ -37,25 +37,42 @@ def test_fixed_shape_paths_put_cudnn_first_and_variable_ones_exclude_it():
         sdpa_backends("decode")
 
 
-def test_the_capture_context_enables_cudnn_inside_the_prefill_one_and_restores_it():
+@pytest.mark.parametrize("inner", ["graph_step", "encoder"])
+def test_planned_paths_put_cudnn_first_inside_the_prefill_context_and_restore_it(inner):
+    """A step runs in the prefill context; graph capture and the encoder enter theirs inside it."""
     with attention_for("prefill"):
         assert _flags() == (False, int(SDPBackend.FLASH_ATTENTION))
-        with attention_for("graph_step"):
+        with attention_for(inner):
             assert _flags() == (True, int(CUDNN))
         assert _flags() == (False, int(SDPBackend.FLASH_ATTENTION))
 
 
-def _record(monkeypatch, calls: list):
-    """Wrap the runner's prefill and decoder-step entries so that each records the flags it ran with."""
-    for name in ("_admit", "_decode_rows"):
-        original = getattr(Runner, name)
+def _record(monkeypatch) -> list:
+    """Each decoder and encoder forward appends (module, inside Runner._capture, *flags it ran with)."""
+    calls, capture = [], []
 
-        def wrapper(self, *args, _original=original, _name=name, **kw):
-            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-            calls.append((_name, capturing, *_flags()))
-            return _original(self, *args, **kw)
+    def wrap(cls, name, label):
+        original = getattr(cls, name)
 
-        monkeypatch.setattr(Runner, name, wrapper)
+        def wrapper(self, *args, **kw):
+            calls.append((label, bool(capture), *_flags()))
+            return original(self, *args, **kw)
+
+        monkeypatch.setattr(cls, name, wrapper)
+
+    wrap(TextDecoder, "forward", "decoder")
+    wrap(AudioEncoder, "forward", "encoder")
+    original_capture = Runner._capture
+
+    def capturing(self, *args):
+        capture.append(True)
+        try:
+            return original_capture(self, *args)
+        finally:
+            capture.pop()
+
+    monkeypatch.setattr(Runner, "_capture", capturing)
+    return calls
 
 
 def _transcribe(engine, audio, n: int):
@@ -67,30 +84,30 @@ def _transcribe(engine, audio, n: int):
 
 
 def test_eager_steps_and_prefill_run_without_cudnn(monkeypatch, jfk_path):
-    calls = []
-    _record(monkeypatch, calls)
+    calls = _record(monkeypatch)
     engine = Engine(load_model("tiny.en"), EngineConfig(max_slots=4, cuda_graphs=False))
     try:
         results = _transcribe(engine, decode_audio(jfk_path), 2)
     finally:
         engine.close()
     assert all(r.text for r in results)
-    assert {name for name, *_ in calls} == {"_admit", "_decode_rows"}
-    assert all(not cudnn for _, _, cudnn, _ in calls), calls
+    decoder = [c for c in calls if c[0] == "decoder"]
+    assert len(decoder) > 2 and all(not cudnn for _, _, cudnn, _ in decoder), decoder
+    assert all(cudnn and first == int(CUDNN) for label, _, cudnn, first in calls if label == "encoder")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graph capture)")
 def test_captured_steps_use_cudnn_and_prefill_does_not(monkeypatch, jfk_path):
-    calls = []
-    _record(monkeypatch, calls)
+    calls = _record(monkeypatch)
     engine = Engine(load_model("tiny.en", "cuda", torch.float16), EngineConfig(max_slots=8))
     try:
         _transcribe(engine, decode_audio(jfk_path), 3)
     finally:
         engine.close()
-    steps = [c for c in calls if c[0] == "_decode_rows"]
-    admits = [c for c in calls if c[0] == "_admit"]
-    assert any(capturing for _, capturing, _, _ in steps)  # warmup captured its buckets through here
+    steps = [c for c in calls if c[0] == "decoder" and c[1]]  # warm-up and capture of each bucket
+    prefills = [c for c in calls if c[0] == "decoder" and not c[1]]
+    encoder = [c for c in calls if c[0] == "encoder"]
+    assert len(steps) >= 3 * 4  # buckets 1, 2, 4, 8: two warm-up runs and the capture each
     assert all(cudnn and first == int(CUDNN) for _, _, cudnn, first in steps), steps
-    assert admits and all(not cudnn for _, _, cudnn, _ in admits), admits
-    assert runner_mod.SDPA_PATHS["graph_step"][0] == CUDNN
+    assert prefills and all(not cudnn for _, _, cudnn, _ in prefills), prefills
+    assert encoder and all(cudnn and first == int(CUDNN) for _, _, cudnn, first in encoder), encoder

@@ -32,8 +32,9 @@ SDPA_PATHS = {
     # cuDNN measured on the H200 (issue 15, full_fp16, large-v3 shape; its cross-attention is SDPA):
     # step 18.2 -> 11.2 ms at 128 windows, 35.7 -> 19.8 ms at 256 against flash.
     "graph_step": PLANNED,
-    # The encoder: one shape per batch size, every plan built by `warm_encoder` at start. Entered
-    # without set_priority (torch's own order, which picked cuDNN on the H200), as measured.
+    # The encoder: one shape per batch size, every plan built by `warm_encoder` at start. cuDNN is
+    # what torch chose by itself on the H200 when the encoder was measured (session 3); the order is
+    # set here because the encoder also runs inside a step's prefill context, whose order is flash first.
     "encoder": PLANNED,
     # Prefill (and language detection): a shape per prompt length, so cuDNN would plan on live
     # finals: first token p50 127 ms / max 1.06 s with it, 17 / 18 ms without (bench_prefill.py, H200).
@@ -317,7 +318,7 @@ class Runner:
         return self._encoder(mel)
 
     def _encoder(self, mel: torch.Tensor) -> torch.Tensor:
-        with sdpa_kernel(sdpa_backends("encoder")):
+        with attention_for("encoder"):
             return self.model.encoder(mel.to(self.dtype))
 
     def warm_encoder(self, max_batch: int) -> None:

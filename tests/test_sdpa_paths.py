@@ -107,7 +107,7 @@ def test_captured_steps_use_cudnn_and_prefill_does_not(monkeypatch, jfk_path):
     steps = [c for c in calls if c[0] == "decoder" and c[1]]  # warm-up and capture of each bucket
     prefills = [c for c in calls if c[0] == "decoder" and not c[1]]
     encoder = [c for c in calls if c[0] == "encoder"]
-    assert len(steps) >= 3 * 4  # buckets 1, 2, 4, 8: two warm-up runs and the capture each
+    assert len(steps) >= 3  # per bucket: two warm-up runs and the capture
     assert all(cudnn and first == int(CUDNN) for _, _, cudnn, first in steps), steps
     assert prefills and all(not cudnn for _, _, cudnn, _ in prefills), prefills
     assert encoder and all(cudnn and first == int(CUDNN) for _, _, cudnn, first in encoder), encoder

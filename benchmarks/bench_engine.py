@@ -7,6 +7,11 @@ the transcripts are written out too (WER is computed where the references and no
 
     python benchmarks/bench_engine.py --shapes large-v3,large-v3-turbo --batches 1,8,32,128,256
     python benchmarks/bench_engine.py --real tiny.en=/path/to/model --audio clips.npz
+    ... --baseline benchmarks/results/bench_engine_presets_h200.json [--baseline OTHER.json]
+
+With --baseline, every row is printed with its ratio to the recorded runs (the fastest of the
+files for that row, `baseline.py`) and rows more than 10 % slower are flagged; the exit status is
+then 3 (after everything is written).
 
 Floors: a decoder step must read the decoder weights once plus each live sequence's cross- and
 self-attention K/V: bytes / measured copy bandwidth. An encoder window costs its FLOPs / measured
@@ -24,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+import baseline
 from common import environment, table, write_json
 
 SHAPES = {
@@ -200,6 +206,7 @@ def main() -> None:
     p.add_argument("--real", action="append", default=[], help="NAME=DIR: real weights on real audio")
     p.add_argument("--hf-batches", default="1,8,32,128")
     p.add_argument("--out", default="bench_engine.json")
+    p.add_argument("--baseline", action="append", default=[], help="a recorded bench_engine JSON to compare with (repeatable)")
     p.add_argument("--precisions", default="none", help="comma list: none (plain PyTorch), full_fp16, mixed_fp8, aggressive_fp8; "
                    "PRESET+overlap runs the encoder on a second CUDA stream")
     args = p.parse_args()
@@ -213,6 +220,14 @@ def main() -> None:
     ceil = ceilings()
     print("ceilings:", ceil, flush=True)
     report = {"environment": environment(), "ceilings": ceil, "tokens_forced": args.tokens, "runs": []}
+    baselines = baseline.load(args.baseline)
+
+    def against_baseline(runs: list[dict]) -> list[dict]:
+        rows = baseline.compare({"tokens_forced": args.tokens, "runs": runs}, baselines)
+        if rows:
+            print("against the baseline (slower_x > 1: slower; flagged past 1.10):")
+            print(table(rows, baseline.COLUMNS), flush=True)
+        return rows
 
     def record(label, ours_rows, enc, hf_rows):
         report["runs"].append({"model": label, "ours": ours_rows, "encoder": enc, "transformers": hf_rows})
@@ -222,6 +237,8 @@ def main() -> None:
         print(f"\n{label}  encoder: {enc}")
         print(table(ours_rows + hf_rows, ["system", "windows", "wall_s", "rtf", "tokens_per_s", "step_ms",
                                           "step_floor_ms", "step_over_floor", "speedup_vs_transformers"]), flush=True)
+        if baselines:
+            against_baseline(report["runs"][-1:])
         write_json(args.out, report)
 
     precisions = [None if p == "none" else p for p in args.precisions.split(",")]
@@ -264,7 +281,19 @@ def main() -> None:
         each_precision(lambda: random_model(shape, args.tokenizer), [window], batches, args.tokens,
                        f"{shape} (random fp16 weights, {args.tokens} forced tokens: speed only)")
 
+    status = 0
+    if baselines:
+        rows = baseline.compare(report, baselines)
+        flagged = [r for r in rows if r["flag"]]
+        report["baseline"] = {"files": args.baseline, "rows": rows, "flagged": len(flagged),
+                              "not_in_baseline": [list(k) for k in baseline.unmatched(report, baselines)]}
+        write_json(args.out, report)
+        print(f"\nbaseline: {len(flagged)} of {len(rows)} compared rows more than 10 % slower")
+        if flagged:
+            print(table(flagged, baseline.COLUMNS))
+            status = 3
     print(json.dumps({"done": True}))
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":

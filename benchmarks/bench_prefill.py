@@ -3,9 +3,10 @@
 Every live final carries the stream's previous text as its prompt, so its prefill has a shape the
 engine has not seen before. This submits one window at a time (real speech, `en/jfk.ogg`) with
 prompts of `--windows` distinct lengths and reports the time to its first token and to its result,
-for the attention backends the engine's steps use (`runner.SDPA_BACKENDS`) and, on CUDA, for the
-same list with cuDNN's attention first (torch's own preference on Hopper), which builds an
-execution plan per new shape. Each variant gets prompt lengths the other never used.
+for the attention backends the engine's prefill uses (`runner.SDPA_PATHS["prefill"]`) and, on CUDA,
+for the same list with cuDNN's attention first (torch's own preference on Hopper), which builds an
+execution plan per new shape. Each variant gets prompt lengths the other never used. The decoder
+step (CUDA graphs, cuDNN: `SDPA_PATHS["graph_step"]`) is the same in both.
 
     python benchmarks/bench_prefill.py [--model tiny.en] [--device cuda] [--windows 12]
 """
@@ -51,14 +52,14 @@ def main() -> None:
 
     engine = Engine.load(ModelConfig(model=args.model, device=args.device))
     audio = decode_audio(str(AUDIO_DIR / "en" / "jfk.ogg"))
-    ours = list(runner.SDPA_BACKENDS)
+    ours = list(runner.SDPA_PATHS["prefill"])
     variants = [("ours", ours)]
     if engine.runner.device.type == "cuda":
         variants.insert(0, ("with cuDNN first", [SDPBackend.CUDNN_ATTENTION] + ours))
     asyncio.run(one(engine, audio, DecodeOptions(language="en", temperatures=(0.0,))))  # warm-up, no prompt
     rows, lengths = [], iter(range(1, len(PROMPT) + 1))
     for name, backends in variants:
-        runner.SDPA_BACKENDS = backends
+        runner.SDPA_PATHS["prefill"] = backends
         firsts, totals = [], []
         for _ in range(args.windows):
             words = next(lengths, None)
@@ -71,7 +72,7 @@ def main() -> None:
         rows.append({"attention": name, "windows": args.windows, "first_token_p50_ms": 1000 * statistics.median(firsts),
                      "first_token_max_ms": 1000 * max(firsts), "result_p50_ms": 1000 * statistics.median(totals)})
         print(table(rows[-1:], list(rows[-1])), flush=True)
-    runner.SDPA_BACKENDS = ours
+    runner.SDPA_PATHS["prefill"] = ours
     engine.close()
     print("\n" + table(rows, list(rows[0])))
     print("wrote", write_json(f"bench_prefill_{engine.runner.device.type}.json",

@@ -22,13 +22,40 @@ from streamer.model.decoding import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import KVCache
 
-# Attention backends of the decoder. Not cuDNN: it builds an execution plan for every new shape
-# (0.1-1 s each on an H200, torch 2.11), and a prefill's shape changes with every prompt length,
-# so each live final waited 0.6 s for its plan. Flash and memory-efficient attention need none.
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# The encoder keeps torch's own choice (cuDNN included): its shapes are one per batch size, and
-# `warm_encoder` has every plan built before serving.
-ENCODER_SDPA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SDPA_BACKENDS]
+# Attention backends per path, chosen by whether the path's shapes are fixed and planned before
+# serving. cuDNN's attention builds an execution plan for every new shape (0.1-1 s each on an H200,
+# torch 2.11) and is then the fastest kernel there; flash and memory-efficient attention need no plan.
+PLANNED = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+UNPLANNED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+SDPA_PATHS = {
+    # The captured decoder step: one shape per batch bucket, planned when `warmup` captures it.
+    # cuDNN measured on the H200 (issue 15, full_fp16, large-v3 shape; its cross-attention is SDPA):
+    # step 18.2 -> 11.2 ms at 128 windows, 35.7 -> 19.8 ms at 256 against flash.
+    "graph_step": PLANNED,
+    # The encoder: one shape per batch size, every plan built by `warm_encoder` at start. cuDNN is
+    # what torch chose by itself on the H200 when the encoder was measured (session 3); the order is
+    # set here because the encoder also runs inside a step's prefill context, whose order is flash first.
+    "encoder": PLANNED,
+    # Prefill (and language detection): a shape per prompt length, so cuDNN would plan on live
+    # finals: first token p50 127 ms / max 1.06 s with it, 17 / 18 ms without (bench_prefill.py, H200).
+    "prefill": UNPLANNED,
+    # The decoder step without CUDA graphs: its self-attention length grows every step.
+    "eager_step": UNPLANNED,
+    # `Engine.call` (word alignment and the like): arbitrary shapes.
+    "calls": UNPLANNED,
+}
+SDPA_BACKENDS = SDPA_PATHS["calls"]  # what engine.py's `_run_calls` enters
+
+
+def sdpa_backends(path: str) -> list[SDPBackend]:
+    """The attention backends, in priority order, that `path` (a key of SDPA_PATHS) may use."""
+    return list(SDPA_PATHS[path])
+
+
+def attention_for(path: str):
+    """Context: only `path`'s backends enabled, in its order (set_priority, torch >= 2.6)."""
+    return sdpa_kernel(sdpa_backends(path), set_priority=True)
+
 
 # Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
 GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
@@ -100,7 +127,7 @@ class Runner:
 
     def step(self, encode: list, released: list[str] = ()) -> StepResult:
         """Drop `released` sequences, decode one token for every live one, then admit `encode`."""
-        with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
+        with torch.inference_mode(), attention_for("prefill"):  # graphs captured in `_capture` bring their own
             return self._step(encode, released)
 
     def _step(self, encode: list, released: list[str]) -> StepResult:
@@ -221,7 +248,7 @@ class Runner:
     def warmup(self) -> None:
         """Capture every graph bucket up to the slot count now, not on the first busy step."""
         if self.use_graphs:
-            with torch.inference_mode(), sdpa_kernel(SDPA_BACKENDS):
+            with torch.inference_mode():
                 for b in GRAPH_BUCKETS:
                     if b > self.n_slots:
                         break
@@ -240,7 +267,8 @@ class Runner:
             kv_len = max(len(s.initial) + len(s.tokens) for s in self.slots)  # > every row's position
             timestamps = any(s.request.options.timestamps for s in self.slots)
             beams = any(s.group is not None for s in self.slots)
-            tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps, beams)
+            with attention_for("eager_step"):
+                tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps, beams)
             return tokens.cpu(), logprobs.float().cpu(), self._top_to_host(top, n)
         b = min(self.bucket(n), self.n_slots)
         graph, tokens, logprobs, top = self._graph(b)
@@ -261,15 +289,16 @@ class Runner:
                 [getattr(self.state, f).clone() for f in self.state.__dataclass_fields__]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (allocations, kernel selection)
-                self._decode_rows(b, self.noise[:b])
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):  # one memory pool shared by every bucket
-            tokens, logprobs, top = self._decode_rows(b, self.noise[:b])
+        with attention_for("graph_step"):  # the backend chosen here is baked into the graph
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up outside the graph (allocations, kernel selection, cuDNN plans)
+                    self._decode_rows(b, self.noise[:b])
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):  # one memory pool shared by every bucket
+                tokens, logprobs, top = self._decode_rows(b, self.noise[:b])
         self.tokens_in.copy_(saved[0])
         self.positions.copy_(saved[1])
         for f, t in zip(self.state.__dataclass_fields__, saved[2:]):
@@ -289,7 +318,7 @@ class Runner:
         return self._encoder(mel)
 
     def _encoder(self, mel: torch.Tensor) -> torch.Tensor:
-        with sdpa_kernel(ENCODER_SDPA_BACKENDS):
+        with attention_for("encoder"):
             return self.model.encoder(mel.to(self.dtype))
 
     def warm_encoder(self, max_batch: int) -> None:

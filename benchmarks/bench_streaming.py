@@ -179,14 +179,41 @@ async def stream_one(url: str, rec: Recording, pace: float, delay: float, start:
     return result
 
 
-async def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0, *,
-                   start: dict | None = None, seed: int = 0) -> dict:
-    """N clients at once, each streaming one of `files` (round robin); the summary of the run."""
+def _client_process(url: str, recs: list[Recording], pace: float, delays: list[float], start: dict):
+    """One load-client process: its share of the clients on its own event loop; (results, CPU s)."""
+    async def main():
+        return await asyncio.gather(*(stream_one(url, r, pace, d, start) for r, d in zip(recs, delays)))
+
+    cpu0 = time.process_time()
+    results = asyncio.run(main())
+    return results, time.process_time() - cpu0
+
+
+def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0, *,
+             start: dict | None = None, seed: int = 0, procs: int = 1) -> dict:
+    """N clients at once, each streaming one of `files` (round robin), spread over `procs`
+    processes so that the load client is never the limit; the summary of the run, with the
+    clients' own CPU use (`client_cpu`: CPU seconds per wall second, all processes)."""
     rng = random.Random(seed)
     start = {"language": "en"} if start is None else start
     recs = [files[i % len(files)] for i in range(n_clients)]
+    delays = [rng.uniform(0, STAGGER_S) for _ in recs]
+    procs = max(1, min(procs, n_clients))
     t0 = time.monotonic()
-    results = await asyncio.gather(*(stream_one(url, r, pace, rng.uniform(0, STAGGER_S), start) for r in recs))
+    if procs == 1:
+        results, cpu = _client_process(url, recs, pace, delays, start)
+    else:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+            parts = pool.starmap(_client_process, [(url, recs[i::procs], pace, delays[i::procs], start)
+                                                  for i in range(procs)])
+        order = [j for i in range(procs) for j in range(i, n_clients, procs)]
+        flat = [r for part, _ in parts for r in part]
+        results = [None] * n_clients
+        for j, r in zip(order, flat):
+            results[j] = r
+        cpu = sum(c for _, c in parts)
     wall = time.monotonic() - t0
     ok = [(r, rec) for r, rec in zip(results, recs) if r.error is None]
 
@@ -196,7 +223,8 @@ async def run_load(url: str, n_clients: int, files: list[Recording], pace: float
     def gather(name: str) -> list[float]:
         return [v for r, _ in ok for v in getattr(r, name)]
 
-    summary = {"clients": n_clients, "failed": n_clients - len(ok), "wall_s": wall,
+    summary = {"clients": n_clients, "failed": n_clients - len(ok), "wall_s": wall, "client_procs": procs,
+               "client_cpu": cpu / wall if wall else None,
                "errors": sorted({r.error for r in results if r.error})[:5]}
     for name, key in (("first_partial_s", "ttfp"), ("final_s", "final"), ("decode_s", "decode"),
                       ("server_latency_s", "server_final")):
@@ -227,7 +255,8 @@ def _server_samples(http_url: str) -> dict[str, float]:
     with contextlib.suppress(OSError, ValueError):
         with urllib.request.urlopen(http_url + "/metrics", timeout=5) as response:
             text = response.read().decode()
-        return {f"{s.name}:{s.labels['kind']}" if "kind" in s.labels else s.name: s.value
+        # Labels that split a sample: `kind` (final/partial), `pid` (a gateway worker's loop lag).
+        return {":".join([s.name] + [s.labels[k] for k in ("kind", "pid") if k in s.labels]): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples if s.name in SERVER_SAMPLES}
     return {}
 
@@ -238,6 +267,8 @@ class LagWatch:
 
     def __init__(self, http_url: str):
         self.http_url, self.peak = http_url, 0.0
+        self.per_gateway: dict[str, float] = {}
+        """pid -> highest lag (several gateway workers), '0' for a single process."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -251,7 +282,10 @@ class LagWatch:
 
     def _poll(self) -> None:
         while not self._stop.wait(LAG_POLL_S):
-            self.peak = max(self.peak, _server_samples(self.http_url).get("streamer_event_loop_lag_seconds", 0.0))
+            for key, value in _server_samples(self.http_url).items():
+                if key.startswith("streamer_event_loop_lag_seconds"):
+                    self.per_gateway[key.partition(":")[2] or "0"] = max(self.per_gateway.get(key, 0.0), value)
+                    self.peak = max(self.peak, value)
 
 
 def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
@@ -278,14 +312,16 @@ def _health(http_url: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def spawned_server(model: str, device: str | None):
-    """`streamer serve` in a subprocess on a free port of 127.0.0.1; SIGTERM at the end."""
+def spawned_server(model: str, device: str | None, workers: int | None = None, env_extra: dict | None = None):
+    """`streamer serve` in a subprocess on a free port of 127.0.0.1; SIGTERM at the end.
+    `workers`: gateway worker processes (None: the server's default; 0: one process)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("from streamer.config import load_settings; from streamer.server.supervisor import serve; "
-            f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, server={{'port': {port}}}))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, "
+            f"server={{'port': {port}, 'workers': {workers!r}}}))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     try:
         http_url = f"http://127.0.0.1:{port}"
@@ -308,7 +344,7 @@ def spawned_server(model: str, device: str | None):
 
 
 COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50", "final_p95", "final_p99",
-           "decode_p50", "decode_p95", "wer", "partial_churn", "stable_churn"]
+           "decode_p50", "decode_p95", "wer", "partial_churn", "stable_churn", "client_cpu"]
 
 
 SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",
@@ -323,9 +359,10 @@ def sweep(url: str, args) -> dict:
     for n in args.clients:
         before = _server_samples(http_url)
         with LagWatch(http_url) as lag:
-            summary = asyncio.run(run_load(url, n, files, args.pace))
+            summary = run_load(url, n, files, args.pace, procs=args.client_procs)
         summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
         summary["server"]["loop_lag_max_s"] = lag.peak
+        summary["server"]["loop_lag_per_gateway_s"] = sorted(lag.per_gateway.values(), reverse=True)
         runs.append(summary)
         print(table([summary], COLUMNS), flush=True)
         print(table([{"clients": n, **summary["server"]}], SERVER_COLUMNS), flush=True)
@@ -354,9 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pace", type=float, default=1.0, help="times real time")
     p.add_argument("--target", type=float, default=1.0, help="p95 finalisation latency to hold, seconds")
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench_streaming_<device>.json)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="with --spawn: gateway worker processes (default: the server's; 0: one process)")
+    p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)),
+                   help="load-client processes (default: a quarter of the cores, at most 8)")
     args = p.parse_args(argv)
 
-    with (spawned_server(args.model, args.device) if args.spawn else contextlib.nullcontext(args.url)) as url:
+    spawn = spawned_server(args.model, args.device, args.workers) if args.spawn else contextlib.nullcontext(args.url)
+    with spawn as url:
         result = sweep(url.rstrip("/"), args)
     print()
     print(table(result["runs"], COLUMNS))

@@ -37,6 +37,9 @@ class EngineConfig:
     """Windows encoded together in one engine step."""
     max_queue: int = 4096
     """Queued windows beyond which `add()` refuses new work (HTTP 429 / stream error)."""
+    encode_while_finals: int | None = None
+    """Windows other than finals encoded per step while a final decodes (finals wait through
+    fewer encoder passes); None: a quarter of the encoder batch."""
     max_new_tokens: int = 224
     """Token limit per window: Whisper's context is 448 and half of it is for the prompt."""
     vram_limit_gb: float | None = None
@@ -134,6 +137,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_SLOTS": ("engine", "max_slots"),
     "MAX_ENCODER_BATCH": ("engine", "max_encoder_batch"),
     "MAX_QUEUE": ("engine", "max_queue"),
+    "ENCODE_WHILE_FINALS": ("engine", "encode_while_finals"),
     "VRAM_LIMIT_GB": ("engine", "vram_limit_gb"),
     "CUDA_GRAPHS": ("engine", "cuda_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),

@@ -591,3 +591,40 @@ def test_random_simulation_keeps_invariants(seed):
     assert all(r.state.done for r in requests.values())
     assert set(ends) == set(requests) and set(ends.values()) == {1}
     assert Counter(r.state for r in requests.values())[RequestState.FINISHED] > 100
+
+
+# Finals first in time, and fairness between sessions.
+
+
+def test_while_a_final_decodes_a_step_admits_few_other_windows():
+    s = Scheduler(SchedulerConfig(max_slots=64, max_encoder_batch=8, encode_while_finals=2))
+    for i in range(20):
+        s.add(make(f"p{i}", PARTIAL, session=f"s{i}", deadline=1.0 + i))
+    s.add(make("f", FINAL, session="x", deadline=5.0))
+    plan = step(s, now=0.0)
+    assert ids(plan.encode)[:3] == ["f", "p0", "p1"] and len(plan.encode) == 8  # no final decodes yet
+    for _ in range(3):  # the final decodes: two others per step
+        plan = step(s, now=0.0)
+        assert len(plan.encode) == 2 and "f" in plan.decode
+    plan = step(s, now=0.0, finished=["f"])
+    assert len(plan.encode) == 2  # the plan was made before the final ended
+    plan = step(s, now=0.0)
+    assert len(plan.encode) == 5  # no final decodes: all that is left (21 - 8 - 3 * 2 - 2)
+
+
+def test_a_fast_sender_cannot_delay_another_sessions_final():
+    """Session A sends ten times faster than real time: its finals carry the wall times at which
+    their audio would have ended (its clock runs ahead). Session B's final, submitted after all of
+    A's, is admitted first, with one slot free per step."""
+    s = Scheduler(SchedulerConfig(max_slots=1, max_encoder_batch=4))
+    now = 100.0
+    for k in range(10):  # A: ten 3-s utterances sent within 3 s; audio end k*3+3 s after its start
+        s.add(make(f"a{k}", FINAL, session="A", deadline=97.0 + 3 * (k + 1), arrival=97.0 + 0.3 * k))
+    s.add(make("b0", FINAL, session="B", deadline=now - 0.5, arrival=now))  # real time: ended 0.5 s ago
+    order = []
+    for _ in range(11):
+        plan = step(s, now=now, finished=[rid for rid in list(s._live) if rid not in order[-1:]] if order else [])
+        order += ids(plan.encode)
+        step(s, now=now, finished=ids(plan.encode))
+    assert order[0] == "b0"
+    assert order[1:] == [f"a{k}" for k in range(10)]

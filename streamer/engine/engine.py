@@ -169,7 +169,8 @@ class Engine:
         if self.runner.device.type == "cuda":
             self.runner.warm_encoder(enc_batch)
             self.warm_admission()
-        self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue))
+        self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue,
+                                                   encode_while_finals=config.encode_while_finals))
         self.metrics_data = EngineMetrics()
         self._tickets: dict[str, Ticket] = {}
         self._ids = itertools.count()

@@ -16,6 +16,15 @@ Rules:
   (a beam search) is not overtaken forever by small ones.
 - Preemption: a FINAL that does not fit evicts running (DECODING) PARTIAL sequences, the most
   recently admitted first, when that frees enough slots; the evicted partials are CANCELLED.
+- Finals first in time too: while a FINAL sequence decodes, a step admits at most
+  `encode_while_finals` windows of the other classes. Each step encodes its admissions and then
+  advances every live sequence by one token, so a 15-token final would otherwise wait through
+  15 full encoder batches of partials and file chunks (measured: 2.6 s median final latency at 200
+  large-v3-turbo sessions, where each decodes in well under 0.5 s alone). vLLM v1 budgets a
+  step's tokens for the same reason.
+- Within a class, the earliest deadline goes first: live windows carry the wall time at which
+  their audio ended at real-time pace, so a client that sends faster than real time queues
+  behind the windows of the others instead of pushing their finals back.
 - Queue bound: `add()` raises QueueFull once `max_queue` requests are queued, and refuses a
   PARTIAL already once `partial_queue_fraction` of it is used, so that finals keep room. A partial
   that replaces its session's queued partial does not grow the queue and is always taken.
@@ -64,6 +73,9 @@ class SchedulerConfig:
     """Queued windows beyond which add() raises QueueFull."""
     partial_queue_fraction: float = 0.5
     """Partials are refused once this fraction of `max_queue` is queued, leaving room for finals."""
+    encode_while_finals: int | None = None
+    """Windows other than finals admitted per step while a final decodes; None: a quarter of
+    `max_encoder_batch` (at least 1)."""
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_encoder_batch", "max_queue"):
@@ -71,6 +83,15 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if not 0.0 < self.partial_queue_fraction <= 1.0:
             raise ValueError(f"partial_queue_fraction must be in (0, 1], not {self.partial_queue_fraction}")
+        if self.encode_while_finals is not None and self.encode_while_finals < 1:
+            raise ValueError(f"encode_while_finals must be at least 1, not {self.encode_while_finals}")
+
+    @property
+    def others_while_finals(self) -> int:
+        """Non-final admissions per step while a final decodes."""
+        if self.encode_while_finals is not None:
+            return self.encode_while_finals
+        return max(1, self.max_encoder_batch // 4)
 
     @property
     def partial_queue_limit(self) -> int:
@@ -212,11 +233,17 @@ class Scheduler:
         plan = StepPlan(released=list(self._releasing))
         self._used_slots -= sum(r.n_slots for r in self._releasing.values())
         self._releasing.clear()
+        finals_decoding = any(r.priority is Priority.FINAL for r in self._live.values())
+        others = 0
         while len(plan.encode) < self.config.max_encoder_batch:
             heap = self._first(now)
             if heap is None:
                 break
             request = heap[0][3]
+            if request.priority is not Priority.FINAL:
+                if finals_decoding and others >= self.config.others_while_finals:
+                    break  # finals rank first, so every request left is of another class
+                others += 1
             if request.n_slots > self.free_slots and not (
                 request.priority is Priority.FINAL and self._preempt_for(request.n_slots, plan)
             ):

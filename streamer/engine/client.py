@@ -137,6 +137,7 @@ class EngineClient:
         self._session_core: dict[str, CoreLink] = {}
         self._tasks: list[asyncio.Task] = []
         self.tokenizer = None
+        self._model = ""
         self._closed = False
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -153,6 +154,7 @@ class EngineClient:
                 raise EngineUnavailable(f"engine cores {missing} did not come up within {timeout:.0f} s")
             await asyncio.sleep(0.05)
         ready = self.cores[0].ready
+        self._model = ready.model
         from streamer.model.tokenizer import Tokenizer
 
         self.tokenizer = Tokenizer(None, ready.multilingual, json=ready.tokenizer_json)
@@ -183,7 +185,7 @@ class EngineClient:
 
     @property
     def model_name(self) -> str:
-        return self.cores[0].ready.model
+        return self._model
 
     @property
     def device(self) -> str:
@@ -217,7 +219,8 @@ class EngineClient:
         check_options(options, self.tokenizer)
         core = self._route(session_id)
         depth = int(core.metrics.get("queue_depth", 0))
-        bound = core.ready.partial_queue_limit if priority == Priority.PARTIAL else core.ready.max_queue
+        ready = core.ready
+        bound = ready.partial_queue_limit if priority == Priority.PARTIAL else ready.max_queue
         if depth >= bound:
             raise QueueFull(depth, bound, priority)
         handle = RemoteHandle(self, f"{self.gateway}.{next(self._ids)}", core, priority, session_id, stream_tokens)
@@ -317,8 +320,8 @@ class EngineClient:
         if m.error is None:
             self._forget(core, handle, m.result, None)
             return
-        error = {"queue_full": lambda: QueueFull(int(core.metrics.get("queue_depth", 0)), core.ready.max_queue,
-                                                 handle.priority),
+        error = {"queue_full": lambda: QueueFull(int(core.metrics.get("queue_depth", 0)),
+                                                 core.ready.max_queue if core.ready else 0, handle.priority),
                  "closed": lambda: EngineClosed(m.error), "cancelled": lambda: Cancelled(m.error),
                  "invalid": lambda: ValueError(m.error)}.get(m.kind, lambda: RuntimeError(m.error))()
         self._forget(core, handle, None, error)

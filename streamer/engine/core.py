@@ -82,7 +82,8 @@ class Core:
         self.ready = p.Ready(core=spec.index, incarnation=self.incarnation, model=engine.model_name,
                              device=engine.device, max_new_tokens=engine.config.max_new_tokens,
                              max_queue=engine.max_queue, partial_queue_limit=engine.partial_queue_limit,
-                             tokenizer_json=engine.tokenizer.hf.to_str(), multilingual=engine.tokenizer.multilingual)
+                             tokenizer_json=engine.tokenizer.hf.to_str(), multilingual=engine.tokenizer.multilingual,
+                             pid=os.getpid())
 
     # --- output --------------------------------------------------------------------------------
 

@@ -83,6 +83,7 @@ class Ready(msgspec.Struct, tag=True):
     tokenizer_json: str
     """The model's `tokenizer.json`: the gateways build their tokenizer from it."""
     multilingual: bool
+    pid: int
 
 
 class Done(msgspec.Struct, tag=True):

@@ -55,11 +55,12 @@ async def health(request: Request) -> JSONResponse:
         "model": engine.model_name if engine is not None else None,
         "device": engine.device if engine is not None else None,
         "sessions": len(state.sessions),
+        "gateway_pid": os.getpid(),
         "queue": engine.queue_depth if engine is not None else 0,
     }
     if engine is not None and hasattr(engine, "core_metrics"):
-        body["engine_cores"] = [{"core": c.index, "up": c.up, "device": c.ready.device if c.ready else None}
-                                for c in engine.cores]
+        body["engine_cores"] = [{"core": c.index, "up": c.up, "device": c.ready.device if c.ready else None,
+                                 "pid": c.ready.pid if c.ready else None} for c in engine.cores]
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
 

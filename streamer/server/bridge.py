@@ -31,7 +31,8 @@ from typing import Callable, Union
 
 import numpy as np
 
-from streamer.engine.engine import Cancelled, Engine, EngineClosed, Handle
+from streamer.engine.engine import Engine, Handle
+from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.engine.scheduler import QueueFull
 from streamer.server.metrics import Metrics
@@ -76,6 +77,9 @@ class Finalized:
     """Seconds of audio in the window."""
     error: str | None = None
     """Why the decode failed, if it did."""
+    error_code: str | None = None
+    """`engine_unavailable` (the engine core holding it stopped: later utterances go on once it is
+    back) or `internal`."""
 
 
 StreamEvent = Union[SpeechStarted, SpeechStopped, Partial, Committed, Finalized]
@@ -257,7 +261,7 @@ class Bridge:
         try:
             handle = self.engine.submit(window.audio, self._options(window), priority=Priority.PARTIAL,
                                         session_id=self.session_id, deadline=self._deadline(window))
-        except (QueueFull, EngineClosed):
+        except (QueueFull, EngineClosed, EngineUnavailable):
             return  # partials are the first thing to go under load
         self._partial = (window, handle)
         self._spawn(self._await_partial(window, handle))
@@ -266,8 +270,8 @@ class Bridge:
         result = None
         try:
             result = await self._result(handle, "partial")
-        except Cancelled:
-            pass  # preempted by a final
+        except (Cancelled, EngineUnavailable):
+            pass  # preempted by a final, or lost with an engine core
         except Exception:
             log.exception("session %s: partial window %s failed", self.session_id, window.window_id)
         finally:
@@ -296,14 +300,17 @@ class Bridge:
 
     async def _await_final(self, job: _FinalJob) -> None:
         window = job.window
-        result, error = None, None
+        result, error, code = None, None, None
         try:
             result = await self._decode_final(job)
         except asyncio.CancelledError:
             raise
+        except EngineUnavailable as e:
+            log.warning("session %s: final window %s lost: %s", self.session_id, window.window_id, e)
+            error, code = str(e), "engine_unavailable"
         except Exception as e:
             log.exception("session %s: final window %s failed", self.session_id, window.window_id)
-            error = str(e) or type(e).__name__
+            error, code = str(e) or type(e).__name__, "internal"
         try:
             if job.previous is not None:
                 await job.previous.wait()
@@ -312,7 +319,7 @@ class Bridge:
             latency_ms = 1000.0 * (time.monotonic() - self._received_at(window.speech_end))
             if final is not None:
                 self.metrics.finalisation.observe(latency_ms / 1000.0)
-            self.emit(Finalized(window.utterance_id, final, latency_ms, len(window.audio) / SAMPLE_RATE, error))
+            self.emit(Finalized(window.utterance_id, final, latency_ms, len(window.audio) / SAMPLE_RATE, error, code))
         finally:
             job.delivered.set()
             if job in self._finals:

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from streamer.audio.decode import AudioDecodeError, AudioTooLarge, decode_audio
-from streamer.engine.engine import EngineClosed
+from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
@@ -142,6 +142,8 @@ async def _transcribe(request: Request, task: str) -> Response:
                                          type_="rate_limit_error"))
     except EngineClosed:
         return _refuse(request, _shutting_down())
+    except EngineUnavailable as e:
+        return _refuse(request, _unavailable(e))
     finally:
         if form is not None:
             await form.close()
@@ -166,8 +168,9 @@ async def _events(engine, audio, run: dict, state, started: float):
                 yield _sse({"type": "transcript.text.delta", "delta": delta})
         try:
             transcript = task.result()
-        except (QueueFull, EngineClosed) as e:
-            error = _shutting_down() if isinstance(e, EngineClosed) else ApiError(429, str(e), "rate_limit_exceeded")
+        except (QueueFull, EngineClosed, EngineUnavailable) as e:
+            error = (_shutting_down() if isinstance(e, EngineClosed) else _unavailable(e)
+                     if isinstance(e, EngineUnavailable) else ApiError(429, str(e), "rate_limit_exceeded"))
             yield _sse(error_body(error.message, error.code, type_=error.type))
             return
         _observe(state, transcript, started)
@@ -303,6 +306,10 @@ def _engine(request: Request):
     if state.engine is None:
         raise ApiError(503, "the model is still loading; try again shortly", "model_loading", type_="server_error")
     return state.engine
+
+
+def _unavailable(e: Exception) -> ApiError:
+    return ApiError(503, f"an engine core stopped; try again shortly ({e})", "engine_unavailable", type_="server_error")
 
 
 def _shutting_down() -> ApiError:

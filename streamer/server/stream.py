@@ -325,6 +325,10 @@ class NativeStream(SocketStream):
         self._bridge.feed(self._resampler.push(data))
 
     def _emit(self, event: StreamEvent) -> None:
+        if isinstance(event, Finalized) and event.error_code == "engine_unavailable":
+            self._send({"type": "error", "code": "engine_unavailable", "utterance_id": event.utterance_id,
+                        "message": f"utterance {event.utterance_id} was lost: {event.error}; the stream goes on"})
+            return
         if isinstance(event, Finalized) and event.error is not None:
             self._fatal("internal", f"decoding utterance {event.utterance_id} failed: {event.error}", 1011)
             self._failed = True

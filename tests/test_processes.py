@@ -1,0 +1,235 @@
+"""`streamer serve` as it runs in production: gateway worker processes in front of engine core
+processes (ZeroMQ), on the CPU with the embedded tiny.en: two gateways and two cores serve
+streams and uploads at once; an engine core killed mid-stream gives a clear error, is restarted,
+and the same stream goes on; SIGTERM with streams open on both gateways delivers every final.
+
+One server for the module (starting four processes that load the model is the slow part); the
+SIGTERM test ends it and runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import websockets
+
+from streamer.audio.decode import decode_audio
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_S = 240
+"""Four processes loading tiny.en on a loaded 2-core CI machine."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(base: str) -> dict:
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())
+    except OSError:
+        return {}
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float = STARTUP_S) -> dict:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        assert proc.poll() is None, "the server exited: " + proc.stderr.read().decode()[-3000:]
+        body = _health(base)
+        if body.get("status") == "ok":
+            return body
+        time.sleep(0.25)
+    raise AssertionError(f"not healthy within {timeout} s: {_health(base)}")
+
+
+@pytest.fixture(scope="module")
+def jfk(jfk_path) -> bytes:
+    return (np.clip(decode_audio(jfk_path), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """`streamer serve` with WORKERS=2 and two engine cores on the CPU; yields (base URL, process)."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKERS": "2", "DEVICE": "cpu,cpu", "PORT": str(port),
+           "SHUTDOWN_GRACE_S": "60", "IDLE_TIMEOUT_S": "600", "LOG_LEVEL": "INFO"}
+    proc = subprocess.Popen([sys.executable, "-m", "streamer.cli", "serve"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, proc)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _recv(ws, timeout: float = 120) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def _stream(url: str, pcm: bytes, *, pace: float = 0.0, until=None) -> list[dict]:
+    """Stream `pcm` (16 kHz) in 0.5-s messages, `stop`, and collect every event until close.
+    `until(events)` (optional) is awaited after each message; the stream stops sending once it
+    returns True."""
+    events = []
+    async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "start", "partials": False}))
+        events.append(await _recv(ws))
+
+        async def receive():
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for message in ws:
+                    events.append(json.loads(message))
+
+        receiver = asyncio.ensure_future(receive())
+        for i in range(0, len(pcm), 16000):
+            await ws.send(pcm[i:i + 16000])
+            if pace:
+                await asyncio.sleep(0.5 / pace)
+            if until is not None and await until(events):
+                break
+        await ws.send(json.dumps({"type": "stop"}))
+        await asyncio.wait_for(receiver, 180)
+    return events
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
+
+
+def _finals(events: list[dict]) -> str:
+    return _words(" ".join(e["text"] for e in events if e["type"] == "final"))
+
+
+def test_two_gateways_and_two_cores_serve_streams_and_uploads(served, jfk, jfk_path):
+    base, _ = served
+    health = _health(base)
+    assert [c["up"] for c in health["engine_cores"]] == [True, True]
+    url = base.replace("http://", "ws://")
+
+    async def upload():
+        import httpx
+
+        async with httpx.AsyncClient(timeout=180) as client:
+            with open(jfk_path, "rb") as f:
+                r = await client.post(base + "/v1/audio/transcriptions", files={"file": ("jfk.ogg", f)},
+                                      data={"model": "whisper-1"})
+        r.raise_for_status()
+        return r.json()["text"].lower()
+
+    async def run():
+        return await asyncio.gather(*(_stream(url, jfk) for _ in range(4)), upload())
+
+    *streams, uploaded = asyncio.run(run())
+    for events in streams:
+        assert "ask not what your country can do for you" in _finals(events), events
+        assert events[-1]["type"] == "closed"
+    assert "ask not what your country can do for you" in _words(uploaded)
+    # The work was spread: both cores decoded windows.
+    metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    busy = {line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
+            if line.startswith("streamer_engine_core_busy_seconds_total{")}
+    assert set(busy) == {"0", "1"} and all(v > 0 for v in busy.values()), busy
+    assert "streamer_engine_cores_up 2.0" in metrics
+
+
+def test_a_killed_engine_core_fails_its_windows_clearly_and_comes_back(served, jfk):
+    """Kill both cores while an utterance is spoken: its final gets `engine_unavailable` (not a
+    hang, not a close), the supervisor restarts the cores, and later speech on the same stream
+    is transcribed again."""
+    base, _ = served
+    url = base.replace("http://", "ws://")
+    pids = [c["pid"] for c in _health(base)["engine_cores"]]
+    phase = "speaking"
+
+    async def kill_then_wait(events):
+        nonlocal phase
+        if phase == "speaking" and any(e["type"] == "speech_started" for e in events):
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            phase = "killed"
+        elif phase == "killed" and any(e["type"] == "error" for e in events):
+            give_up = time.monotonic() + STARTUP_S  # the stream stays open, sending nothing
+            while time.monotonic() < give_up and _health(base).get("status") != "ok":
+                await asyncio.sleep(0.25)
+            phase = "restarted"
+        return False
+
+    silence = bytes(64000)  # 2 s: the VAD ends the utterance
+    pcm = jfk[:4 * 32000] + silence * 3 + jfk + silence
+    events = asyncio.run(_stream(url, pcm, pace=2.0, until=kill_then_wait))
+    assert phase == "restarted", events
+    errors = [e for e in events if e["type"] == "error"]
+    assert errors and all(e["code"] == "engine_unavailable" for e in errors), errors
+    assert "country" in _finals(events), events  # after the restart, the rest was transcribed
+    assert events[-1]["type"] == "closed"
+    assert [c["pid"] for c in _health(base)["engine_cores"]] != pids
+
+
+def test_sigterm_with_streams_on_both_gateways_delivers_every_final(served, jfk):
+    base, proc = served
+    url = base.replace("http://", "ws://")
+    seven_s = jfk[: 7 * 32000]
+    gateways = set()
+    STREAMS = 10  # the kernel spreads connections over the two workers: all on one has p = 2 ** -9
+
+    async def one(started: asyncio.Event, counter: list):
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "partials": False}))
+            await _recv(ws)
+            for i in range(0, len(seven_s), 32000):
+                await ws.send(seven_s[i:i + 32000])
+            events = []
+            while not any(e["type"] == "speech_started" and e["t"] > 5 for e in events):
+                events.append(await _recv(ws))
+            counter.append(1)
+            if len(counter) == STREAMS:
+                started.set()
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for message in ws:
+                    events.append(json.loads(message))
+            return events
+
+    async def run():
+        started, counter = asyncio.Event(), []
+        tasks = [asyncio.ensure_future(one(started, counter)) for _ in range(STREAMS)]
+        await asyncio.wait_for(started.wait(), 240)
+        for _ in range(20):  # which gateways hold streams (SO_REUSEPORT spreads connections)
+            body = await asyncio.to_thread(_health, base)
+            if body.get("sessions"):
+                gateways.add(body["gateway_pid"])
+        proc.send_signal(signal.SIGTERM)
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(run())
+    assert proc.wait(120) == 0
+    assert b"Traceback" not in proc.stderr.read()
+    assert len(gateways) == 2
+    for events in results:
+        assert events[-1] == {"type": "closed", "reason": "shutdown"}, events[-3:]
+        last_final = [e for e in events if e["type"] == "final"][-1]
+        assert "country" in last_final["text"].lower() and last_final["end"] > 5.0

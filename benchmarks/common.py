@@ -69,10 +69,18 @@ def ct2_dir(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=None)
+def decode_audio(path: str) -> np.ndarray:
+    """A recording as 16-kHz float32, decoded once per process (load tests reuse each many times)."""
+    from streamer.audio.decode import decode_audio as decode
+
+    audio = decode(path)
+    audio.flags.writeable = False
+    return audio
+
+
 def concat(paths: list[str], seconds: float, gap: float = 0.5) -> tuple[np.ndarray, list[str]]:
     """Recordings joined with `gap` s pauses until `seconds` long; returns audio and the files used."""
-    from streamer.audio.decode import decode_audio
-
     parts, used, total = [], [], 0.0
     silence = np.zeros(int(gap * 16000), np.float32)
     while total < seconds:

@@ -285,3 +285,29 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
             engine.close()
     assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
     assert all(r.text for r in results[True])
+
+
+def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():
+    """`shape:NAME` (random weights, a real multilingual tokenizer): each window decodes
+    SYNTHETIC_TOKENS_PER_S tokens per second of its audio, one greedy attempt, whatever the
+    options asked; the load test's latency-only mode for checkpoints this machine lacks."""
+    from streamer.config import ModelConfig
+    from streamer.model.shapes import SYNTHETIC_TOKENS_PER_S, parse_shape
+
+    assert parse_shape("tiny.en") is None
+    with pytest.raises(ValueError, match="unknown shape"):
+        parse_shape("shape:huge")
+    engine = Engine.load(ModelConfig(model="shape:tiny"), EngineConfig(max_slots=4))
+    try:
+        assert "speed only" in engine.model_name and engine.tokenizer.multilingual
+
+        async def main():
+            return await asyncio.gather(*(engine.transcribe(np.zeros(int(s * 16000), np.float32),
+                                                            DecodeOptions(language="en", beam_size=2))
+                                          for s in (1.0, 2.0, 5.0)))
+
+        for seconds, result in zip((1.0, 2.0, 5.0), asyncio.run(main())):
+            assert len(result.tokens) == round(SYNTHETIC_TOKENS_PER_S * seconds)
+            assert result.temperature == 0.0
+    finally:
+        engine.close()

@@ -280,6 +280,11 @@ class Engine:
         now = time.monotonic()
         if deadline is None:
             deadline = now + ADMISSION_DEADLINE_S[priority]
+        rate = self.loaded.synthetic_tokens_per_s
+        if rate is not None:  # a speed-only shape: its length follows the audio's, one greedy attempt
+            n = max(1, round(rate * len(audio) / SAMPLE_RATE))
+            options = dataclasses.replace(options, max_new_tokens=min(n, options.max_new_tokens or n),
+                                          temperatures=(0.0,), beam_size=1)
         request = Request(id=request_id, audio=np.asarray(audio, np.float32), options=options, priority=priority,
                           session_id=session_id, deadline=deadline, arrival=now)
         ticket = Ticket(request, on_done, on_tokens)

@@ -41,6 +41,9 @@ class LoadedModel:
     """Never sampled (config's `suppress_ids`; `-1` in options adds the non-speech symbols)."""
     begin_suppress_tokens: list[int] = field(default_factory=list)
     """Never sampled first (a blank and end-of-text)."""
+    synthetic_tokens_per_s: float | None = None
+    """Speed-only stand-in (`model/shapes.py`): each window decodes this many tokens per second of
+    audio, greedily, with end-of-text suppressed; None for a real model."""
 
     @property
     def dims(self) -> ModelDims:
@@ -287,7 +290,18 @@ EMBEDDED = ("tiny.en", "base")
 
 
 def load_model(name: str = "tiny.en", device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load `tiny.en` | `base` | a local directory (CTranslate2 or Hugging Face) | a hub id."""
+    """Load `tiny.en` | `base` | a local directory (CTranslate2 or Hugging Face) | a hub id |
+    `shape:NAME[:TOKENIZER]` (random weights of a Whisper shape: speed only, `model/shapes.py`)."""
+    from streamer.model import shapes
+
+    parsed = shapes.parse_shape(name)
+    if parsed is not None:
+        shape, tok_path = parsed
+        tokenizer = Tokenizer(tok_path or shapes.default_tokenizer(), multilingual=True)
+        model = shapes.random_weights(shape, device, dtype)
+        return LoadedModel(model=model, tokenizer=tokenizer, name=f"{name} (random weights, speed only)",
+                           suppress_tokens=[tokenizer.eot], begin_suppress_tokens=[tokenizer.eot],
+                           synthetic_tokens_per_s=shapes.SYNTHETIC_TOKENS_PER_S)
     parts = None
     try:
         path, parts = _embedded(name)

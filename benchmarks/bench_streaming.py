@@ -285,7 +285,8 @@ class LagWatch:
         while not self._stop.wait(LAG_POLL_S):
             for key, value in _server_samples(self.http_url).items():
                 if key.startswith("streamer_event_loop_lag_seconds"):
-                    self.per_gateway[key.partition(":")[2] or "0"] = max(self.per_gateway.get(key, 0.0), value)
+                    pid = key.partition(":")[2] or "0"
+                    self.per_gateway[pid] = max(self.per_gateway.get(pid, 0.0), value)
                     self.peak = max(self.peak, value)
 
 

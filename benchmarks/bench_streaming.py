@@ -290,6 +290,33 @@ class LagWatch:
                     self.peak = max(self.peak, value)
 
 
+def _profile_later(health: dict, args) -> None:
+    """py-spy the engine core (and one gateway) for `--profile-s` seconds, once the run's clients
+    are all streaming: collapsed stacks to `<out>.core.txt` / `<out>.gateway.txt`."""
+    import shutil
+
+    spy = shutil.which("py-spy")
+    cores = [c["pid"] for c in health.get("engine_cores") or [] if c.get("pid")]
+    if spy is None or not cores:
+        print(f"profile: skipped (py-spy {'missing' if spy is None else 'found'}, core pids {cores})", flush=True)
+        return
+    base = str(Path(args.out)) if args.out else "bench_streaming"
+    targets = [(cores[0], base + ".core.txt")]
+    if health.get("gateway_pid"):
+        targets.append((health["gateway_pid"], base + ".gateway.txt"))
+
+    def run():
+        time.sleep(STAGGER_S + 3.0)
+        procs = [subprocess.Popen([spy, "record", "--nonblocking", "--threads", "-r", "200", "-d", str(args.profile_s), "-f", "raw",
+                                   "-p", str(pid), "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for pid, out in targets]
+        for proc in procs:
+            proc.wait()
+        print(f"profile: wrote {[out for _, out in targets]}", flush=True)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
 def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
     """Where the server's time went during one run, from the deltas of its cumulative metrics."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -363,6 +390,8 @@ def sweep(url: str, args) -> dict:
     runs, best, held_so_far = [], 0, True
     for n in args.clients:
         before = _server_samples(http_url)
+        if args.profile_at == n:
+            _profile_later(health, args)
         with LagWatch(http_url) as lag:
             summary = run_load(url, n, files, args.pace, procs=args.client_procs)
         summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
@@ -398,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench_streaming_<device>.json)")
     p.add_argument("--workers", type=int, default=None,
                    help="with --spawn: gateway worker processes (default: the server's; 0: one process)")
+    p.add_argument("--profile-at", type=int, default=None, help="py-spy the engine core during the run of this N")
+    p.add_argument("--profile-s", type=int, default=12, help="seconds of py-spy sampling")
     p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)),
                    help="load-client processes (default: a quarter of the cores, at most 8)")
     args = p.parse_args(argv)

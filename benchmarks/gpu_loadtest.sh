@@ -1,39 +1,47 @@
 #!/usr/bin/env bash
 # The live-streaming load test on the H200 (issue 14): `streamer serve` as it runs in production
-# (WORKERS gateway processes in front of one engine core process), tiny.en with real speech, then
-# the large-v3-turbo shape in its speed-only mode, then the one-process design (WORKERS=0) at the
-# load where it broke, for the comparison in one run.
+# (WORKERS gateway processes in front of one engine core process), tiny.en with real speech, the
+# large-v3-turbo shape in its speed-only mode, and the one-process design (WORKERS=0) for comparison.
 #
 # Here first: python benchmarks/make_gpu_inputs.py --no-base   (builds .carry/, ignored by git)
 # then three device calls back to back (the machine stays warm 30 s after a call):
 #   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a", ".carry/inputs"], timeout_s=60)
 #   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels", ".carry/audio"], timeout_s=60)
 #   3. run(command="bash benchmarks/gpu_loadtest.sh", carry=[".carry/tiny_b"], timeout_s=600)
-# Env: CLIENTS (tiny.en sweep), TURBO_CLIENTS, SINGLE_CLIENTS ("" skips a part), SECONDS_PER_CLIENT (15),
-#   WORKERS (gateway processes; default the server's), CLIENT_PROCS (4).
-# Back in $OUT: bench_streaming_h200.json, bench_streaming_turbo_h200.json, bench_streaming_single_h200.json, logs.
+# PLAN=full (default): tiny.en at CLIENTS, the turbo shape at TURBO_CLIENTS, one process at SINGLE_CLIENTS.
+# PLAN=ab: py-spy of the engine core at 400 tiny.en streams, then ENCODE_WHILE_FINALS=1 at 400 and 600
+#   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
+# Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
+# Back in $OUT: bench_streaming_<name>_h200.json per run, loadtest.log, py-spy stacks (PLAN=ab).
 set -uo pipefail
 START=$SECONDS
 source benchmarks/gpu_assemble.sh || exit 2
 ulimit -n 65536 2>/dev/null || ulimit -n 16384
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-nproc
 SEC=${SECONDS_PER_CLIENT:-15}
 PROCS=${CLIENT_PROCS:-4}
 W=${WORKERS:-}
+TURBO="shape:large-v3-turbo:$INPUTS/tokenizer_multilingual.json"
+LOG=$OUT/loadtest.log
 run() {  # run NAME TIMEOUT ARGS...
   local name=$1 t=$2; shift 2
   local s=$SECONDS
+  echo "=== $name: $*" >> "$LOG"
   timeout "$t" python3 benchmarks/bench_streaming.py --spawn --device cuda --seconds "$SEC" --client-procs "$PROCS" \
-    --out "$OUT/bench_streaming_${name}_h200.json" "$@" > "$OUT/loadtest_${name}.log" 2>&1
-  echo "== $name rc=$? $((SECONDS - s)) s"
-  grep -v "INFO\|WARNING" "$OUT/loadtest_${name}.log" | tail -22
+    --out "$OUT/bench_streaming_${name}_h200.json" ${W:+--workers $W} "$@" 2>&1 | grep -v "INFO\|WARNING\|SyntaxWarning\|^  \"\"\"" >> "$LOG"
+  echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"
+  tail -16 "$LOG"
 }
-CLIENTS=${CLIENTS-1,100,200,400,600,800,1000}
-[ -n "$CLIENTS" ] && run tiny 300 --model tiny.en --clients "$CLIENTS" ${W:+--workers $W}
-TURBO_CLIENTS=${TURBO_CLIENTS-1,100,200,400}
-[ -n "$TURBO_CLIENTS" ] && run turbo 200 --model "shape:large-v3-turbo:$INPUTS/tokenizer_multilingual.json" \
-  --clients "$TURBO_CLIENTS" ${W:+--workers $W}
-SINGLE_CLIENTS=${SINGLE_CLIENTS-128}
-[ -n "$SINGLE_CLIENTS" ] && run single 90 --model tiny.en --clients "$SINGLE_CLIENTS" --workers 0
+if [ "${PLAN:-full}" = ab ]; then
+  run tiny_profile 100 --model tiny.en --clients 400 --profile-at 400
+  ENCODE_WHILE_FINALS=1 run tiny_ewf1 130 --model tiny.en --clients 400,600
+  ENCODE_WHILE_FINALS=1 run turbo_ewf1 110 --model "$TURBO" --clients 200
+else
+  CLIENTS=${CLIENTS-1,100,200,400,600,800,1000}
+  [ -n "$CLIENTS" ] && run tiny 300 --model tiny.en --clients "$CLIENTS"
+  TURBO_CLIENTS=${TURBO_CLIENTS-1,100,200,400}
+  [ -n "$TURBO_CLIENTS" ] && run turbo 200 --model "$TURBO" --clients "$TURBO_CLIENTS"
+  SINGLE_CLIENTS=${SINGLE_CLIENTS-128}
+  [ -n "$SINGLE_CLIENTS" ] && W=0 run single 90 --model tiny.en --clients "$SINGLE_CLIENTS"
+fi
 echo "total $((SECONDS - START)) s"

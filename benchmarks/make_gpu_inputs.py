@@ -48,7 +48,7 @@ WHEELS = ["av>=12,<19",
           # The server and the load test (the image has uvloop, prometheus-client, httpx, anyio, h11, click):
           "pyzmq>=26,<28", "msgspec>=0.19,<1", "silero-vad>=6.2.3,<7", "starlette>=0.40,<2", "uvicorn>=0.30,<1",
           "websockets>=13,<18", "python-multipart>=0.0.9,<0.1", "jiwer>=3,<5", "rapidfuzz",
-          "whisper-normalizer>=0.0.10,<0.2", "more-itertools", "sniffio"]
+          "whisper-normalizer>=0.0.10,<0.2", "more-itertools", "sniffio", "py-spy>=0.4,<0.5"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
@@ -90,7 +90,7 @@ def audio() -> None:
 
 def wheels() -> None:
     dst = CARRY / "wheels"
-    if dst.exists() and list(dst.glob("av-*.whl")) and list(dst.glob("pyzmq-*.whl")):
+    if dst.exists() and list(dst.glob("av-*.whl")) and list(dst.glob("py_spy-*.whl")):
         return
     dst.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",

@@ -244,7 +244,8 @@ SERVER_SAMPLES = ("streamer_window_seconds_sum", "streamer_window_seconds_count"
                   "streamer_window_queue_wait_seconds_sum", "streamer_window_queue_wait_seconds_count",
                   "streamer_engine_steps_total", "streamer_engine_busy_seconds_total",
                   "streamer_event_loop_lag_seconds", "streamer_partial_interval_seconds_sum",
-                  "streamer_partial_interval_seconds_count")
+                  "streamer_partial_interval_seconds_count", "streamer_engine_ipc_received_bytes_total",
+                  "streamer_engine_ipc_sent_bytes_total", "streamer_engine_ipc_cpu_seconds_total")
 LAG_POLL_S = 0.25
 """How often the gateway's event-loop lag is read during a run (its peak is reported)."""
 
@@ -330,6 +331,9 @@ def server_side(before: dict[str, float], after: dict[str, float], wall_s: float
             "final_first_token_s": mean("streamer_window_queue_wait_seconds", "final"),
             "partial_window_s": mean("streamer_window_seconds", "partial"),
             "engine_steps": int(steps), "step_ms": 1000 * busy / steps if steps else None,
+            "ipc_MBps": (d.get("streamer_engine_ipc_received_bytes_total", 0.0)
+                         + d.get("streamer_engine_ipc_sent_bytes_total", 0.0)) / wall_s / 1e6 if wall_s else None,
+            "ipc_cpu": d.get("streamer_engine_ipc_cpu_seconds_total", 0.0) / wall_s if wall_s else None,
             "partial_interval_s": (d.get("streamer_partial_interval_seconds_sum", 0.0)
                                    / d["streamer_partial_interval_seconds_count"]
                                    if d.get("streamer_partial_interval_seconds_count") else None),
@@ -380,7 +384,7 @@ COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50",
 
 
 SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",
-                  "engine_busy", "loop_lag_max_s", "partial_interval_s"]
+                  "engine_busy", "loop_lag_max_s", "partial_interval_s", "ipc_MBps", "ipc_cpu"]
 
 
 def sweep(url: str, args) -> dict:

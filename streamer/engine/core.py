@@ -79,6 +79,9 @@ class Core:
         """Request id -> gateway topic, for windows in the engine (input loop and callbacks)."""
         self.lock = threading.Lock()
         self.stopping = False
+        self.ipc = {"ipc_bytes_in": 0.0, "ipc_bytes_out": 0.0, "ipc_in_cpu_s": 0.0, "ipc_out_cpu_s": 0.0}
+        """What the IPC costs this process: bytes received and published, CPU seconds of the two
+        I/O threads (decoding and encoding messages, socket calls)."""
         self.ready = p.Ready(core=spec.index, incarnation=self.incarnation, model=engine.model_name,
                              device=engine.device, max_new_tokens=engine.config.max_new_tokens,
                              max_queue=engine.max_queue, partial_queue_limit=engine.partial_queue_limit,
@@ -91,14 +94,20 @@ class Core:
         self.out.put((topic if isinstance(topic, bytes) else topic.encode(), message))
 
     def _stats(self) -> p.Stats:
-        m = self.engine.metrics()
+        m = {**self.engine.metrics(), **self.ipc}
         return p.Stats(core=self.spec.index, incarnation=self.incarnation,
                        metrics={k: float(v) for k, v in m.items() if isinstance(v, (int, float))})
+
+    def _send(self, topic: bytes, message) -> None:
+        frame = p.encode(message)
+        self.ipc["ipc_bytes_out"] += len(frame)
+        self.pub.send_multipart([topic, frame])
 
     def output_loop(self) -> None:
         next_stats = 0.0
         tokens: dict[bytes, list] = {}
         while True:
+            cpu = time.thread_time()
             timeout = max(0.0, next_stats - time.monotonic())
             try:
                 item = self.out.get(timeout=timeout)
@@ -112,18 +121,19 @@ class Core:
                     break
             for topic, message in batch:
                 if message is None:
-                    self.pub.send_multipart([p.ALL, p.encode(self._stats())])
+                    self._send(p.ALL, self._stats())
                     return
                 if isinstance(message, p.Tokens):
                     tokens.setdefault(topic, []).extend(message.items)
                 else:
-                    self.pub.send_multipart([topic, p.encode(message)])
+                    self._send(topic, message)
             for topic, items in tokens.items():
-                self.pub.send_multipart([topic, p.encode(p.Tokens(items=items))])
+                self._send(topic, p.Tokens(items=items))
             tokens.clear()
             if time.monotonic() >= next_stats:
-                self.pub.send_multipart([p.ALL, p.encode(self._stats())])
+                self._send(p.ALL, self._stats())
                 next_stats = time.monotonic() + p.STATS_INTERVAL_S
+            self.ipc["ipc_out_cpu_s"] += time.thread_time() - cpu
 
     # --- input ---------------------------------------------------------------------------------
 
@@ -184,11 +194,13 @@ class Core:
         while not self.stopping:
             if not poller.poll(200):
                 continue
+            cpu = time.thread_time()
             while True:
                 try:
                     frame = self.inbox.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                self.ipc["ipc_bytes_in"] += len(frame)
                 try:
                     m = p.decode_to_core(frame)
                 except Exception:
@@ -204,6 +216,7 @@ class Core:
                     self._align(m)
                 elif isinstance(m, p.Bye):
                     self._bye(m.gateway)
+            self.ipc["ipc_in_cpu_s"] += time.thread_time() - cpu
 
     def run(self) -> None:
         sender = threading.Thread(target=self.output_loop, name="streamer-core-out", daemon=True)

@@ -54,6 +54,13 @@ class _EngineCollector(Collector):
                     "steps": ("steps", "Engine steps"), "busy_seconds": ("busy_s", "Wall time spent in engine steps")}
         for name, (key, help_text) in counters.items():
             yield CounterMetricFamily(f"streamer_engine_{name}", help_text, value=float(m.get(key, 0)))
+        if "ipc_bytes_in" in m:
+            for name, key, help_text in (
+                    ("ipc_received_bytes", "ipc_bytes_in", "Bytes the engine cores received from the gateways"),
+                    ("ipc_sent_bytes", "ipc_bytes_out", "Bytes the engine cores published to the gateways"),
+                    ("ipc_cpu_seconds", None, "CPU time of the engine cores' message threads")):
+                value = m.get("ipc_in_cpu_s", 0) + m.get("ipc_out_cpu_s", 0) if key is None else m.get(key, 0)
+                yield CounterMetricFamily(f"streamer_engine_{name}", help_text, value=float(value))
         if "cores" in m:
             yield GaugeMetricFamily("streamer_engine_cores_up", "Engine core processes up", value=m.get("cores_up", 0))
         per_core = self._core_metrics() if self._core_metrics is not None else []

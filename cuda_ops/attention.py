@@ -58,8 +58,11 @@ def quantize_kv_tiles(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     nt = -(-T // tile)
     xf = torch.nn.functional.pad(x.float(), (0, 0, 0, nt * tile - T)).view(B, H, nt, tile, D)
     amax = xf.abs().amax(dim=(3, 4)).clamp_min(1e-12)
-    scale = amax / torch.full_like(amax, FP8_MAX)  # a tensor divide, as the kernels' div_rn
-    x_fp8 = (xf / scale[..., None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    # Tensor divides (correctly rounded, as the kernels' div_rn) and a multiply by 448 / amax, as
+    # fp8.quantize_rows_reference and cross_kv.py's epilogue: kernel and reference agree bit for bit.
+    fp8_max = torch.full_like(amax, FP8_MAX)
+    x_fp8 = (xf * (fp8_max / amax)[..., None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    scale = amax / fp8_max
     return x_fp8.view(B, H, nt * tile, D)[:, :, :T].contiguous(), scale
 
 

@@ -13,11 +13,12 @@ are converted in the mixed preset. Quality of a preset is judged by WER against 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
+_SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields; every other one is a site
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class PrecisionConfig:
     """Decoder fc1/fc2: the widest decoder weights (2 x 1280 x 5120 per layer), read in full on
     every decode step; FP8 halves those bytes, and inputs come from the fused LayerNorm and GELU.
     On the H200 it pays only at large decode batches (fc1: 6.8 vs 8.0 us at 256 rows, but 6.9 vs
-    4.6 us at 16: cuBLAS's row-wise FP8 GEMM has a fixed cost)."""
+    4.6 us at 16: cuBLAS's row-wise FP8 GEMM has a fixed cost). At large-v3 that is ~0.08 ms of an
+    18 ms step gained at 256 sequences and ~0.1-0.15 ms of a 5 ms step lost at 32, so mixed_fp8
+    keeps it in fp16 (mixed_fp8 must be at least as fast as full_fp16 at every batch)."""
 
     cross_kv_proj: SiteDtype = "fp16"
     """Projection of the encoder output to cross-attention K/V, once per window (M = 1500 x
@@ -63,6 +66,11 @@ class PrecisionConfig:
     every decode step: the largest decoder read). FP8 with per-token scales halves it and doubles
     the number of decoder slots that fit; needs an attention kernel that reads FP8 K/V."""
 
+    cross_kv_epilogue: bool = True
+    """With an FP8 cross cache and an fp16 `cross_kv` linear: the projection is a Triton GEMM whose
+    epilogue quantises each 128-position tile of a head and writes the cache (cuda_ops/cross_kv.py);
+    False: cuBLAS's GEMM, then one quantise pass over its output (the same kernel without the GEMM)."""
+
     use_fused_layernorm: bool = True
     """Residual add + LayerNorm in one kernel. Numerically the same as the unfused ops (fp32
     math, the residual sum rounded to the stream dtype), so safe in every preset; required
@@ -71,7 +79,7 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "use_fused_layernorm" and value not in _SITE_DTYPES:
+            if f.name not in _SWITCHES and value not in _SITE_DTYPES:
                 raise ValueError(f"PrecisionConfig.{f.name} must be one of {_SITE_DTYPES}, got {value!r}")
         ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)
         if not self.use_fused_layernorm and "fp8" in ln_fed:
@@ -80,7 +88,7 @@ class PrecisionConfig:
     @property
     def uses_fp8(self) -> bool:
         """True when any site runs in FP8 (the model then needs a GPU with FP8 tensor cores)."""
-        return any(getattr(self, f.name) == "fp8" for f in fields(self) if f.name != "use_fused_layernorm")
+        return any(getattr(self, f.name) == "fp8" for f in fields(self) if f.name not in _SWITCHES)
 
 
 def full_fp16() -> PrecisionConfig:
@@ -90,12 +98,12 @@ def full_fp16() -> PrecisionConfig:
 
 def mixed_fp8() -> PrecisionConfig:
     """FP8 where a fused kernel produces the input and the error does not compound."""
-    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", decoder_ffn="fp8", cross_kv_cache="fp8")
+    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", cross_kv_cache="fp8")
 
 
 def aggressive_fp8() -> PrecisionConfig:
     """Every linear and the cross-attention cache in FP8: the most throughput, least margin."""
-    return PrecisionConfig(**{f.name: "fp8" for f in fields(PrecisionConfig) if f.name != "use_fused_layernorm"})
+    return PrecisionConfig(**{f.name: "fp8" for f in fields(PrecisionConfig) if f.name not in _SWITCHES})
 
 
 PRESETS: dict[str, Callable[[], PrecisionConfig]] = {
@@ -106,8 +114,23 @@ PRESETS: dict[str, Callable[[], PrecisionConfig]] = {
 
 
 def get_preset(name: str) -> PrecisionConfig:
-    """The preset called `name` (the PRECISION setting)."""
+    """The preset called `name` (the PRECISION setting), optionally with fields overridden:
+    "mixed_fp8:decoder_ffn=fp8,cross_kv_epilogue=0" (for A/B runs of one site)."""
+    base, _, overrides = name.partition(":")
     try:
-        return PRESETS[name]()
+        config = PRESETS[base]()
     except KeyError:
-        raise ValueError(f"unknown precision preset {name!r}; valid: {', '.join(PRESETS)}") from None
+        raise ValueError(f"unknown precision preset {base!r}; valid: {', '.join(PRESETS)}") from None
+    changes: dict[str, object] = {}
+    names = {f.name for f in fields(PrecisionConfig)}
+    for item in filter(None, overrides.split(",")):
+        key, _, value = item.partition("=")
+        if key not in names:
+            raise ValueError(f"unknown PrecisionConfig field {key!r} in {name!r}; valid: {', '.join(sorted(names))}")
+        if key in _SWITCHES:
+            if value not in ("0", "1"):
+                raise ValueError(f"{key} takes 0 or 1, got {value!r}")
+            changes[key] = value == "1"
+        else:
+            changes[key] = value
+    return replace(config, **changes)

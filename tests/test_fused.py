@@ -56,4 +56,13 @@ def test_apply_precision_converts_the_chosen_sites():
     model = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8"))
     enc, dec = model.encoder.blocks[0], model.decoder.blocks[0]
     assert isinstance(enc.qkv, FP8Linear) and isinstance(enc.fc1, FP8Linear) and not isinstance(enc.attn_out, FP8Linear)
-    assert isinstance(dec.fc2, FP8Linear) and not isinstance(dec.qkv, FP8Linear) and dec.fused
+    assert not isinstance(dec.fc2, FP8Linear) and not isinstance(dec.qkv, FP8Linear) and dec.fused
+    old = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8:decoder_ffn=fp8")).decoder.blocks[0]
+    assert isinstance(old.fc1, FP8Linear) and isinstance(old.fc2, FP8Linear)
+
+
+def test_cross_cache_scale_tile_is_the_kernels():
+    from cuda_ops.attention import SCALE_TILE
+    from streamer.model.whisper import CROSS_SCALE_TILE
+
+    assert CROSS_SCALE_TILE == SCALE_TILE

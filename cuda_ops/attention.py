@@ -35,6 +35,7 @@ WAVES = 2  # fp16: split until B*H*splits reaches WAVES x SMs programs (B=1: 12 
 # than 1 at B=32 and 1 best at B>=128 (fp16: 2 at B=8, 1 from B=32): 8 waves gives exactly those counts.
 WAVES_FP8 = 8
 SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
+CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
 MAX_SPLITS = 32  # bounds pass 2's tile (splits x D floats in one warp) for very long T
 
 
@@ -155,12 +156,13 @@ def decode_attention_triton(
     num_splits: int | None = None,
     block_t: int = BLOCK_T,
     num_warps: int = NUM_WARPS,
+    const_strides: bool | None = None,
 ) -> torch.Tensor:
     """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
 
     `out` (optional, [B, H, D] in q's dtype) is written in place, as under a CUDA graph;
     `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE) and
-    `num_warps` the tuned launch (benchmarks and tests).
+    `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
     """
     _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
     if q.shape[2] not in (16, 32, 64, 128, 256):
@@ -191,7 +193,8 @@ def decode_attention_triton(
     has_scale = k_scale is not None
     tile_scale = has_scale and k_scale.dim() == 3
     scales = (k_scale, v_scale) if has_scale else (part_m, part_m)  # placeholders, never read
-    _decode_partial_kernel[(B * H, splits)](
+    kernel = _decode_partial_kernel_const if (CONST_STRIDES if const_strides is None else const_strides) else _decode_partial_kernel
+    kernel[(B * H, splits)](
         q, k, v, scales[0], scales[1], slot_ids if slot_ids is not None else lengths, lengths,
         part_m, part_l, part_acc, out,
         sm_scale * math.log2(math.e), H, T, chunk,
@@ -241,7 +244,7 @@ def _check(q, k, v, lengths, k_scale, v_scale, slot_ids) -> None:
 
 
 @jit
-def _decode_partial_kernel(
+def _decode_partial(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
@@ -251,10 +254,11 @@ def _decode_partial_kernel(
     stride_vs, stride_vh, stride_vt, stride_vd,
     stride_kss, stride_ksh, stride_vss, stride_vsh,
     stride_ob, stride_oh, stride_od,
-    num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
+    num_splits,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
+    """Pass 1's body; the two kernels below differ only in which arguments are compile-time."""
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
     b = pid // H
@@ -325,6 +329,56 @@ def _decode_partial_kernel(
         tl.store(part_l_ptr + part, l_sum)
         tl.store(part_acc_ptr + part * HEAD_DIM + offs_d, o)
 
+
+@jit
+def _decode_partial_kernel(
+    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    qk_scale, H, T, chunk,
+    stride_qb, stride_qh, stride_qd,
+    stride_ks, stride_kh, stride_kt, stride_kd,
+    stride_vs, stride_vh, stride_vt, stride_vd,
+    stride_kss, stride_ksh, stride_vss, stride_vsh,
+    stride_ob, stride_oh, stride_od,
+    num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
+    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    _decode_partial(
+        q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, qk_scale, H, T, chunk,
+        stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
+        stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
+        stride_ob, stride_oh, stride_od, num_splits,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM,
+    )  # fmt: skip
+
+
+@jit
+def _decode_partial_kernel_const(
+    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    qk_scale, H: tl.constexpr, T: tl.constexpr, chunk: tl.constexpr,
+    stride_qb: tl.constexpr, stride_qh: tl.constexpr, stride_qd: tl.constexpr,
+    stride_ks: tl.constexpr, stride_kh: tl.constexpr, stride_kt: tl.constexpr, stride_kd: tl.constexpr,
+    stride_vs: tl.constexpr, stride_vh: tl.constexpr, stride_vt: tl.constexpr, stride_vd: tl.constexpr,
+    stride_kss: tl.constexpr, stride_ksh: tl.constexpr, stride_vss: tl.constexpr, stride_vsh: tl.constexpr,
+    stride_ob: tl.constexpr, stride_oh: tl.constexpr, stride_od: tl.constexpr,
+    num_splits: tl.constexpr,
+    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    # Every shape and stride compile-time (one compile per call site and split count; fixed under
+    # CUDA graphs). The A/B for the 25-30 % fp8 gap a prototype with constant strides showed
+    # (docs/kernels-attention-mel.md, Open); chosen by decode_attention_triton(const_strides=...).
+    _decode_partial(
+        q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, qk_scale, H, T, chunk,
+        stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
+        stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
+        stride_ob, stride_oh, stride_od, num_splits,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM,
+    )  # fmt: skip
 
 @jit
 def _decode_reduce_kernel(

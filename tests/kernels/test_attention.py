@@ -230,3 +230,15 @@ def test_quantize_kv_tiles_round_trip():
     back = dequantize_kv(x8, scale)
     step = scale.repeat_interleave(128, dim=2)[:, :, :300, None] * 2.0**-9  # half the subnormal step
     assert ((back - xh).abs() <= xh.abs() * 2.0**-4 + step).all()
+
+
+@pytest.mark.parametrize("kv", ["fp8tile", torch.float16], ids=["fp8tile", "fp16"])
+def test_const_strides_kernel_agrees(kv):
+    """The compile-time-strides variant of pass 1 (CONST_STRIDES) computes the same function."""
+    q, k, v, lengths, args = make_case(3, 6, 300, kv, True, seed=5)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, const_strides=True)
+        check(out, ref32, tol)

@@ -137,7 +137,7 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
 
 SWEEP_BATCHES = (1, 8, 32, 64, 128, 256)
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 12)
-SWEEP_LAUNCHES = ((128, 4), (64, 4), (128, 8), (64, 2))  # (BLOCK_T, warps)
+SWEEP_LAUNCHES = ((128, 4), (64, 4), (128, 8))  # (BLOCK_T, warps)
 
 
 def sweep(ceiling: float) -> list[dict]:

@@ -15,7 +15,8 @@ benchmarks/results (or $BENCH_RESULTS_DIR).
     python benchmarks/bench_attention.py [--out bench_attention.json] [--sweep] [--no-table]
 
 `--sweep`: cross-attention with tile-scaled FP8 K/V over batch x splits x BLOCK_T x warps, and the
-A/B of compile-time strides (CONST_STRIDES) at each batch's chosen launch.
+A/Bs of compile-time strides (const_strides) and of reading no lengths (full_length) at each
+batch's chosen launch.
 """
 
 from __future__ import annotations
@@ -171,10 +172,14 @@ def sweep(ceiling: float) -> list[dict]:
         chosen = choose_num_splits(B * H, CROSS_T, SMS, WAVES_FP8)
         default = time_launch(num_splits=chosen)
         const = time_launch(num_splits=chosen, const_strides=True)
+        full = time_launch(num_splits=chosen, full_length=True)
+        const_full = time_launch(num_splits=chosen, const_strides=True, full_length=True)
         best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
-        out.append({"B": B, "chosen_splits": chosen, "default": default, "const_strides": const, "best": best, "all": rows})
+        out.append({"B": B, "chosen_splits": chosen, "default": default, "const_strides": const, "full_length": full,
+                    "const_full": const_full, "best": best, "all": rows})
         print(f"sweep B={B}: chosen {chosen} splits {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
-              f"const strides {const.get('us')} us; best {best}", flush=True)
+              f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')} us; "
+              f"best {best}", flush=True)
         del sets
         torch.cuda.empty_cache()
     return out

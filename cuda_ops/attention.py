@@ -157,12 +157,15 @@ def decode_attention_triton(
     block_t: int = BLOCK_T,
     num_warps: int = NUM_WARPS,
     const_strides: bool | None = None,
+    full_length: bool = False,
 ) -> torch.Tensor:
     """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
 
     `out` (optional, [B, H, D] in q's dtype) is written in place, as under a CUDA graph;
     `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE) and
     `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
+    `full_length=True` promises that every row's length is T (cross-attention): the kernel then
+    reads no lengths (their values are ignored); an A/B on the H200 is pending.
     """
     _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
     if q.shape[2] not in (16, 32, 64, 128, 256):
@@ -205,7 +208,7 @@ def decode_attention_triton(
         scales[1].stride(0) if has_scale else 0, scales[1].stride(1) if has_scale else 0,
         out.stride(0), out.stride(1), out.stride(2),
         splits, HAS_SCALE=has_scale, TILE_SCALE=tile_scale, HAS_SLOTS=slot_ids is not None,
-        SINGLE_SPLIT=splits == 1, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, HEAD_DIM=D,
+        SINGLE_SPLIT=splits == 1, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, HEAD_DIM=D, FULL_T=full_length,
         num_warps=num_warps, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
@@ -256,14 +259,17 @@ def _decode_partial(
     stride_ob, stride_oh, stride_od,
     num_splits,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
 ):  # fmt: skip
     """Pass 1's body; the two kernels below differ only in which arguments are compile-time."""
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
     b = pid // H
     h = pid % H
-    length = tl.minimum(tl.load(len_ptr + b), T)
+    if FULL_T:  # every row attends to all T positions (cross-attention): no load before the loop
+        length = T
+    else:
+        length = tl.minimum(tl.load(len_ptr + b), T)
     start = split * chunk
     end = tl.minimum(start + chunk, length)
     if HAS_SLOTS:
@@ -342,7 +348,7 @@ def _decode_partial_kernel(
     stride_ob, stride_oh, stride_od,
     num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
 ):  # fmt: skip
     _decode_partial(
         q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
@@ -350,7 +356,7 @@ def _decode_partial_kernel(
         stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
-        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T,
     )  # fmt: skip
 
 
@@ -366,7 +372,7 @@ def _decode_partial_kernel_const(
     stride_ob: tl.constexpr, stride_oh: tl.constexpr, stride_od: tl.constexpr,
     num_splits: tl.constexpr,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
 ):  # fmt: skip
     # Every shape and stride compile-time (one compile per call site and split count; fixed under
     # CUDA graphs). The A/B for the 25-30 % fp8 gap a prototype with constant strides showed
@@ -377,8 +383,9 @@ def _decode_partial_kernel_const(
         stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
-        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T,
     )  # fmt: skip
+
 
 @jit
 def _decode_reduce_kernel(

@@ -242,3 +242,17 @@ def test_const_strides_kernel_agrees(kv):
         out = torch.full_like(q, float("nan"))
         decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, const_strides=True)
         check(out, ref32, tol)
+
+
+@pytest.mark.parametrize("const", [False, True], ids=["runtime", "const"])
+def test_full_length_reads_no_lengths(const):
+    """full_length=True (cross-attention: every row sees all T) ignores the lengths' values."""
+    q, k, v, lengths, args = make_case(3, 6, 300, "fp8tile", False, seed=6)
+    lengths.fill_(300)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, torch.zeros_like(lengths), **args, out=out, num_splits=splits,
+                                const_strides=const, full_length=True)
+        check(out, ref32, tol)

@@ -42,7 +42,8 @@ def plain(clips):
     return _run(None, clips)
 
 
-@pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8", "aggressive_fp8"])
+# tiny.en is narrower than fp8_min_width: ":fp8_min_width=0" puts its FP8 linears in anyway.
+@pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8:fp8_min_width=0", "aggressive_fp8:fp8_min_width=0"])
 def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
     results = _run(precision, clips)
     if precision == "full_fp16":  # same function, fp32 here: the same greedy tokens
@@ -53,12 +54,14 @@ def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
 
 
 def test_apply_precision_converts_the_chosen_sites():
-    model = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8"))
+    model = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8:fp8_min_width=0"))
     enc, dec = model.encoder.blocks[0], model.decoder.blocks[0]
     assert isinstance(enc.qkv, FP8Linear) and isinstance(enc.fc1, FP8Linear) and not isinstance(enc.attn_out, FP8Linear)
     assert not isinstance(dec.fc2, FP8Linear) and not isinstance(dec.qkv, FP8Linear) and dec.fused
-    old = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8:decoder_ffn=fp8")).decoder.blocks[0]
-    assert isinstance(old.fc1, FP8Linear) and isinstance(old.fc2, FP8Linear)
+    old = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8:decoder_ffn=fp8:fp8_min_width=0"))
+    assert isinstance(old.decoder.blocks[0].fc1, FP8Linear) and isinstance(old.decoder.blocks[0].fc2, FP8Linear)
+    narrow = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8"))  # 384 < fp8_min_width
+    assert not any(isinstance(m, FP8Linear) for m in narrow.modules()) and narrow.encoder.blocks[0].fused
 
 
 def test_cross_cache_scale_tile_is_the_kernels():

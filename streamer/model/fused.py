@@ -83,9 +83,12 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
     """Switch `model` (already on its device and dtype) to the fused kernels and FP8 sites of `config`.
 
     The cross-attention cache format (`config.cross_kv_cache`) is the KV cache's business: the
-    runner allocates it. Linears become FP8Linear with per-output-channel scales, quantised once.
+    runner allocates it. Linears become FP8Linear with per-output-channel scales, quantised once,
+    in models at least `config.fp8_min_width` wide.
     """
     def fp8(module, *names):
+        if model.dims.n_audio_state < config.fp8_min_width:  # too narrow for FP8 GEMMs to pay
+            return
         for name in names:
             linear = getattr(module, name)
             if isinstance(linear, torch.nn.Linear):

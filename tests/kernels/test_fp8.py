@@ -247,8 +247,8 @@ def test_presets():
 
 
 def test_preset_overrides():
-    """"PRESET:field=value,..." changes single sites for A/B runs; switches take 0/1."""
-    old = precision.get_preset("mixed_fp8:decoder_ffn=fp8,cross_kv_epilogue=0")
+    """"PRESET:field=value:..." changes single sites for A/B runs; switches take 0/1."""
+    old = precision.get_preset("mixed_fp8:decoder_ffn=fp8:cross_kv_epilogue=0")
     assert old.decoder_ffn == "fp8" and not old.cross_kv_epilogue and old.encoder_ffn == "fp8"
     assert precision.get_preset("full_fp16:") == precision.full_fp16()
     with pytest.raises(ValueError, match="decoder_ffn"):
@@ -257,6 +257,9 @@ def test_preset_overrides():
         precision.get_preset("mixed_fp8:cross_kv_epilogue=yes")
     with pytest.raises(ValueError, match="must be one of"):
         precision.get_preset("mixed_fp8:decoder_ffn=int4")
+    assert precision.get_preset("mixed_fp8:fp8_min_width=0").fp8_min_width == 0
+    with pytest.raises(ValueError, match="whole number"):
+        precision.get_preset("mixed_fp8:fp8_min_width=wide")
 
 
 def test_preset_errors_are_clear():

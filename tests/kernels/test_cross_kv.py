@@ -86,7 +86,7 @@ def test_gemm_epilogue_matches_reference(B, T, K, H, Dh, dtype):
     x, w, bias = make_case(B, T, K, H, Dh, dtype)
     k8, v8, ks, vs = run_kernel(x, w, bias, H, Dh)
     rk, rv, rks, rvs = cross_kv_fp8_reference(x, w, bias, H)
-    yk, yv = heads(x.float() @ w.float().t() + bias.float(), H)
+    yk, yv = heads((x.double() @ w.double().t() + bias.double()).float(), H)  # float64: no TF32 either way
     check_fp8(k8, ks, rk, rks, yk)
     check_fp8(v8, vs, rv, rvs, yv)
 
@@ -99,7 +99,7 @@ def test_launch_shapes_agree(block_n, block_k, warps):
     ref = run_kernel(x, w, None, H, Dh)
     out = run_kernel(x, w, None, H, Dh, block_n=block_n, block_k=block_k, num_warps=warps)
     rk, rv, rks, rvs = cross_kv_fp8_reference(x, w, None, H)
-    yk, yv = heads(x.float() @ w.float().t(), H)
+    yk, yv = heads((x.double() @ w.double().t()).float(), H)
     check_fp8(out[0], out[2], rk, rks, yk)
     check_fp8(out[1], out[3], rv, rvs, yv)
     assert torch.allclose(out[2], ref[2], rtol=1e-5, atol=0)

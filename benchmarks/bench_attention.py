@@ -15,8 +15,8 @@ benchmarks/results (or $BENCH_RESULTS_DIR).
     python benchmarks/bench_attention.py [--out bench_attention.json] [--sweep] [--no-table]
 
 `--sweep`: cross-attention with tile-scaled FP8 K/V over batch x splits x BLOCK_T x warps, and the
-A/Bs of compile-time strides (const_strides) and of reading no lengths (full_length) at each
-batch's chosen launch.
+A/Bs of compile-time strides (const_strides), reading no lengths (full_length) and loading the
+next tile before this tile's math (prefetch) at each batch's chosen launch.
 """
 
 from __future__ import annotations
@@ -174,11 +174,14 @@ def sweep(ceiling: float) -> list[dict]:
         const = time_launch(num_splits=chosen, const_strides=True)
         full = time_launch(num_splits=chosen, full_length=True)
         const_full = time_launch(num_splits=chosen, const_strides=True, full_length=True)
+        prefetch = time_launch(num_splits=chosen, prefetch=True)
+        all_three = time_launch(num_splits=chosen, const_strides=True, full_length=True, prefetch=True)
         best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
         out.append({"B": B, "chosen_splits": chosen, "default": default, "const_strides": const, "full_length": full,
-                    "const_full": const_full, "best": best, "all": rows})
+                    "const_full": const_full, "prefetch": prefetch, "all_three": all_three, "best": best, "all": rows})
         print(f"sweep B={B}: chosen {chosen} splits {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
-              f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')} us; "
+              f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')}, "
+              f"prefetch {prefetch.get('us')}, all three {all_three.get('us')} us; "
               f"best {best}", flush=True)
         del sets
         torch.cuda.empty_cache()

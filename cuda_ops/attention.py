@@ -36,6 +36,7 @@ WAVES = 2  # fp16: split until B*H*splits reaches WAVES x SMs programs (B=1: 12 
 WAVES_FP8 = 8
 SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
 CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
+PREFETCH = False  # K/V of the next tile loaded before this tile's math (registers): A/B pending
 MAX_SPLITS = 32  # bounds pass 2's tile (splits x D floats in one warp) for very long T
 
 
@@ -158,6 +159,7 @@ def decode_attention_triton(
     num_warps: int = NUM_WARPS,
     const_strides: bool | None = None,
     full_length: bool = False,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
 
@@ -165,7 +167,8 @@ def decode_attention_triton(
     `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE) and
     `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
     `full_length=True` promises that every row's length is T (cross-attention): the kernel then
-    reads no lengths (their values are ignored); an A/B on the H200 is pending.
+    reads no lengths (their values are ignored); `prefetch` PREFETCH (the next tile's loads issued
+    before this tile's math). A/Bs on the H200 pending for all three.
     """
     _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
     if q.shape[2] not in (16, 32, 64, 128, 256):
@@ -209,6 +212,7 @@ def decode_attention_triton(
         out.stride(0), out.stride(1), out.stride(2),
         splits, HAS_SCALE=has_scale, TILE_SCALE=tile_scale, HAS_SLOTS=slot_ids is not None,
         SINGLE_SPLIT=splits == 1, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, HEAD_DIM=D, FULL_T=full_length,
+        PREFETCH=PREFETCH if prefetch is None else prefetch,
         num_warps=num_warps, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
@@ -247,6 +251,36 @@ def _check(q, k, v, lengths, k_scale, v_scale, slot_ids) -> None:
 
 
 @jit
+def _load_tile(k_base, v_base, t0, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T: tl.constexpr):
+    """K and V of positions [t0, t0 + BLOCK_T), zeros past `end`."""
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    mask = (offs_t < end)[:, None]
+    kt = tl.load(k_base + offs_t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=mask, other=0.0)
+    vt = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=mask, other=0.0)
+    return kt, vt
+
+
+@jit
+def _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
+                 TILE_SCALE: tl.constexpr, SCALE_TILE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One tile of the per-lane online softmax: (m_i, l_i, acc) after positions [t0, t0 + BLOCK_T)."""
+    mask_t = t0 + tl.arange(0, BLOCK_T) < end
+    s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BLOCK_T], base-2 logits
+    if TILE_SCALE:  # the tile's scales: one load each, a multiply per position (not per element)
+        s = s * tl.load(ks_base + t0 // SCALE_TILE)
+    s = tl.where(mask_t, s, float("-inf"))
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    pv = p
+    if TILE_SCALE:
+        pv = p * tl.load(vs_base + t0 // SCALE_TILE)
+    acc = acc * alpha[:, None] + pv[:, None] * vt.to(tl.float32)
+    l_i = l_i * alpha + p
+    return m_new, l_i, acc
+
+
+@jit
 def _decode_partial(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
@@ -260,6 +294,7 @@ def _decode_partial(
     num_splits,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Pass 1's body; the two kernels below differ only in which arguments are compile-time."""
     pid = tl.program_id(0)  # b * H + h
@@ -298,26 +333,23 @@ def _decode_partial(
     m_i = tl.full((BLOCK_T,), -1e30, tl.float32)
     l_i = tl.zeros((BLOCK_T,), tl.float32)
     acc = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
-    for t0 in range(start, end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        mask_t = offs_t < end
-        mask = mask_t[:, None]
-        # Both loads first, so that V's is in flight while the scores are computed.
-        kt = tl.load(k_base + offs_t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=mask, other=0.0)
-        vt = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=mask, other=0.0)
-        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BLOCK_T], base-2 logits
-        if TILE_SCALE:  # the tile's scales: one load each, a multiply per position (not per element)
-            s = s * tl.load(ks_base + t0 // SCALE_TILE)
-        s = tl.where(mask_t, s, float("-inf"))
-        m_new = tl.maximum(m_i, s)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        pv = p
-        if TILE_SCALE:
-            pv = p * tl.load(vs_base + t0 // SCALE_TILE)
-        acc = acc * alpha[:, None] + pv[:, None] * vt.to(tl.float32)
-        l_i = l_i * alpha + p
-        m_i = m_new
+    if PREFETCH:
+        # Registers double-buffered by hand: tile i+1's K/V loads are issued before tile i's math,
+        # so their latency overlaps it (A/B: whether Triton pipelines these plain loads itself is
+        # not known). The load past `end` is fully masked: no memory traffic.
+        kt, vt = _load_tile(k_base, v_base, start, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T)
+        for t0 in range(start, end, BLOCK_T):
+            kn, vn = _load_tile(k_base, v_base, t0 + BLOCK_T, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd,
+                                BLOCK_T)
+            m_i, l_i, acc = _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
+                                         TILE_SCALE, SCALE_TILE, BLOCK_T)
+            kt, vt = kn, vn
+    else:
+        for t0 in range(start, end, BLOCK_T):
+            # Both loads first, so that V's is in flight while the scores are computed.
+            kt, vt = _load_tile(k_base, v_base, t0, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T)
+            m_i, l_i, acc = _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
+                                         TILE_SCALE, SCALE_TILE, BLOCK_T)
     m_max = tl.max(m_i, axis=0)
     w = tl.exp2(m_i - m_max)
     l_sum = tl.sum(l_i * w, axis=0)
@@ -349,6 +381,7 @@ def _decode_partial_kernel(
     num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     _decode_partial(
         q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
@@ -356,7 +389,7 @@ def _decode_partial_kernel(
         stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
-        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH,
     )  # fmt: skip
 
 
@@ -373,6 +406,7 @@ def _decode_partial_kernel_const(
     num_splits: tl.constexpr,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # Every shape and stride compile-time (one compile per call site and split count; fixed under
     # CUDA graphs). The A/B for the 25-30 % fp8 gap a prototype with constant strides showed
@@ -383,7 +417,7 @@ def _decode_partial_kernel_const(
         stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
-        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH,
     )  # fmt: skip
 
 

@@ -244,6 +244,19 @@ def test_const_strides_kernel_agrees(kv):
         check(out, ref32, tol)
 
 
+@pytest.mark.parametrize("kv", ["fp8tile", "fp8", torch.float16], ids=["fp8tile", "fp8", "fp16"])
+def test_prefetch_agrees(kv):
+    """Loading the next tile before this tile's math (PREFETCH) computes the same function,
+    partial tiles, length-1 rows and empty chunks included."""
+    q, k, v, lengths, args = make_case(3, 6, 300, kv, True, seed=7)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits, block_t in ((1, 128), (3, 64)):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, block_t=block_t, prefetch=True)
+        check(out, ref32, tol)
+
+
 @pytest.mark.parametrize("const", [False, True], ids=["runtime", "const"])
 def test_full_length_reads_no_lengths(const):
     """full_length=True (cross-attention: every row sees all T) ignores the lengths' values."""

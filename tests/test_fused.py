@@ -69,3 +69,14 @@ def test_cross_cache_scale_tile_is_the_kernels():
     from streamer.model.whisper import CROSS_SCALE_TILE
 
     assert CROSS_SCALE_TILE == SCALE_TILE
+
+
+def test_fp8_cross_cache_has_a_scale_per_tile():
+    from streamer.model.whisper import KVCache
+
+    dims = load_model("tiny.en").model.dims
+    cache = KVCache(dims, 3, cross_fp8=True)
+    tiles = -(-dims.n_audio_ctx // 128)
+    assert cache.cross_k_scale[0].shape == cache.cross_v_scale[-1].shape == (3, dims.n_text_head, tiles)
+    k, v, ks, vs = cache.cross(0, slice(1, 3))
+    assert ks.shape == (2, dims.n_text_head, tiles) and k.dtype == v.dtype

@@ -3,7 +3,8 @@
 Whisper large-v3 shapes (H=20, D=64): cross-attention over 1500 encoder frames and
 self-attention over per-slot lengths up to 448 with slots gathered by index. For each batch:
 (a) torch SDPA fp16 on q [B, H, 1, D] and K/V [B, H, T, D], (b) our kernels on fp16 K/V,
-(c) our kernels on fp8 K/V. Bytes are those the op must move: the valid K/V positions plus q and
+(c) our kernels on fp8 K/V with a scale per (slot, head), (d) with a scale per (slot, head, 128
+positions), as the engine's cross cache holds them (cuda_ops/cross_kv.py). Bytes are those the op must move: the valid K/V positions plus q and
 out (and the fp8 scales). As in the engine, each op is timed inside a CUDA graph (no launch gaps),
 as the median over replays of one graph that calls it on several copies of its inputs, enough to
 pass 256 MB so that the L2 (60 MB on an H200) holds none of them, as a decode step's 32 layers'
@@ -11,7 +12,11 @@ caches would not stay in it. "eager" is our fp8 op launched from Python (triton.
 median): the gap to the graph time is launch overhead. Prints a table and writes JSON under
 benchmarks/results (or $BENCH_RESULTS_DIR).
 
-    python benchmarks/bench_attention.py [--out bench_attention.json]
+    python benchmarks/bench_attention.py [--out bench_attention.json] [--sweep] [--no-table]
+
+`--sweep`: cross-attention with tile-scaled FP8 K/V over batch x splits x BLOCK_T x warps, and the
+A/Bs of compile-time strides (const_strides), reading no lengths (full_length) and loading the
+next tile before this tile's math (prefetch) at each batch's chosen launch.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
-from cuda_ops.attention import choose_num_splits, decode_attention_triton, quantize_kv
+from cuda_ops.attention import WAVES, WAVES_FP8, choose_num_splits, decode_attention_triton, quantize_kv, quantize_kv_tiles
 
 H, D = 20, 64  # large-v3 decoder
 CROSS_T = 1500  # encoder frames of a 30-s window
@@ -74,8 +79,11 @@ def make_inputs(B: int, T: int, slots: int, gen: torch.Generator) -> dict:
     slot_ids = torch.randperm(slots, device="cuda", generator=gen)[:B].to(torch.int32) if slots > B else None
     k8, k_scale = quantize_kv(k)
     v8, v_scale = quantize_kv(v)
+    k8t, k_tile = quantize_kv_tiles(k)
+    v8t, v_tile = quantize_kv_tiles(v)
     rows = slice(None) if slot_ids is None else slot_ids.long()
     return dict(q=q, k=k, v=v, k8=k8, v8=v8, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids,
+                k8t=k8t, v8t=v8t, k_tile=k_tile, v_tile=v_tile,
                 k_rows=k[rows], v_rows=v[rows], out=torch.empty_like(q))  # fmt: skip
 
 
@@ -84,7 +92,7 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
     from triton.testing import do_bench
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    kv_bytes = slots * H * T * D * 2 * 3  # fp16 + fp8 caches of one copy
+    kv_bytes = slots * H * T * D * 2 * 4  # fp16 + two fp8 caches of one copy
     copies = max(1, min(16, -(-256_000_000 // kv_bytes)))
     sets = [make_inputs(B, T, slots, gen) for _ in range(copies)]
     varying = bool((lengths != T).any())
@@ -101,8 +109,13 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
             c["q"], c["k8"], c["v8"], lengths, k_scale=c["k_scale"], v_scale=c["v_scale"], slot_ids=c["slot_ids"], out=c["out"]
         )
 
+    def ours_fp8_tile(c):
+        return lambda: decode_attention_triton(
+            c["q"], c["k8t"], c["v8t"], lengths, k_scale=c["k_tile"], v_scale=c["v_tile"], slot_ids=c["slot_ids"], out=c["out"]
+        )
+
     times = {name: graph_ms([make(c) for c in sets]) for name, make in
-             (("sdpa_fp16", sdpa), ("ours_fp16", ours_fp16), ("ours_fp8", ours_fp8))}  # fmt: skip
+             (("sdpa_fp16", sdpa), ("ours_fp16", ours_fp16), ("ours_fp8", ours_fp8), ("ours_fp8_tile", ours_fp8_tile))}  # fmt: skip
     eager_fp8 = do_bench(ours_fp8(sets[0]), warmup=25, rep=200, return_mode="median")
     positions = int(lengths.sum())
     qo_bytes = 2 * B * H * D * 2
@@ -110,8 +123,10 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
         "sdpa_fp16": positions * H * D * 2 * 2 + qo_bytes,
         "ours_fp16": positions * H * D * 2 * 2 + qo_bytes,
         "ours_fp8": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4,
+        "ours_fp8_tile": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4 * -(-T // 128),
     }
-    row = {"kind": kind, "B": B, "T": T, "mean_length": positions / B, "splits": choose_num_splits(B * H, T, SMS)}
+    row = {"kind": kind, "B": B, "T": T, "mean_length": positions / B, "splits": choose_num_splits(B * H, T, SMS, WAVES),
+           "splits_fp8": choose_num_splits(B * H, T, SMS, WAVES_FP8)}
     for name, ms in times.items():
         gbps = moved[name] / ms / 1e6
         row[name] = {"ms": ms, "bytes": moved[name], "GBps": gbps, "pct_of_copy": 100 * gbps / ceiling}
@@ -121,15 +136,67 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
     return row
 
 
+SWEEP_BATCHES = (1, 8, 32, 64, 128, 256)
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 12)
+SWEEP_LAUNCHES = ((128, 4), (64, 4), (128, 8))  # (BLOCK_T, warps)
+
+
+def sweep(ceiling: float) -> list[dict]:
+    """Tile-scaled FP8 cross-attention (T=1500) per batch: every (splits, BLOCK_T, warps), and
+    the chosen launch with compile-time strides. Prints the best per batch."""
+    out = []
+    for B in SWEEP_BATCHES:
+        gen = torch.Generator(device="cuda").manual_seed(B)
+        per_copy = B * H * CROSS_T * D * 2
+        copies = max(1, min(16, -(-256_000_000 // per_copy)))
+        sets = []
+        for _ in range(copies):
+            q = torch.randn(B, H, D, device="cuda", dtype=torch.float16, generator=gen)
+            k8, ks = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device="cuda", dtype=torch.float16, generator=gen))
+            v8, vs = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device="cuda", dtype=torch.float16, generator=gen))
+            sets.append((q, k8, v8, ks, vs, torch.empty_like(q)))
+        lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device="cuda")
+        moved = B * H * CROSS_T * D * 2 + 2 * B * H * D * 2 + 2 * B * H * 12 * 4
+
+        def time_launch(**kw):
+            calls = [lambda c=c: decode_attention_triton(c[0], c[1], c[2], lengths, k_scale=c[3], v_scale=c[4], out=c[5], **kw)
+                     for c in sets]
+            try:
+                ms = graph_ms(calls)
+            except Exception as e:  # a launch that fails to compile must not stop the sweep
+                return {**kw, "error": repr(e)[:160]}
+            gbps = moved / ms / 1e6
+            return {**kw, "us": round(ms * 1e3, 2), "GBps": round(gbps), "pct_of_copy": round(100 * gbps / ceiling, 1)}
+
+        rows = [time_launch(num_splits=s, block_t=bt, num_warps=w) for s in SWEEP_SPLITS for bt, w in SWEEP_LAUNCHES]
+        chosen = choose_num_splits(B * H, CROSS_T, SMS, WAVES_FP8)
+        default = time_launch(num_splits=chosen)
+        const = time_launch(num_splits=chosen, const_strides=True)
+        full = time_launch(num_splits=chosen, full_length=True)
+        const_full = time_launch(num_splits=chosen, const_strides=True, full_length=True)
+        prefetch = time_launch(num_splits=chosen, prefetch=True)
+        all_three = time_launch(num_splits=chosen, const_strides=True, full_length=True, prefetch=True)
+        best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
+        out.append({"B": B, "chosen_splits": chosen, "default": default, "const_strides": const, "full_length": full,
+                    "const_full": const_full, "prefetch": prefetch, "all_three": all_three, "best": best, "all": rows})
+        print(f"sweep B={B}: chosen {chosen} splits {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
+              f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')}, "
+              f"prefetch {prefetch.get('us')}, all three {all_three.get('us')} us; "
+              f"best {best}", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    return out
+
+
 def print_table(rows: list[dict], ceiling: float) -> None:
     print(f"\ncopy bandwidth (read + write): {ceiling:.0f} GB/s; H={H}, D={D}; median microseconds per call under CUDA graphs")
-    head = f"{'case':<6}{'B':>5}{'T':>6}{'mean len':>9}{'splits':>7}"
-    for name in ("sdpa_fp16", "ours_fp16", "ours_fp8"):
+    head = f"{'case':<6}{'B':>5}{'T':>6}{'mean len':>9}{'splits':>7}{'fp8':>4}"
+    for name in ("sdpa_fp16", "ours_fp16", "ours_fp8", "ours_fp8_tile"):
         head += f"{name + ' us':>15}{'GB/s':>7}{'%cp':>5}"
     print(head + f"{'fp8 eager us':>13}{'fp8/sdpa':>10}{'fp16/sdpa':>10}")
     for r in rows:
-        line = f"{r['kind']:<6}{r['B']:>5}{r['T']:>6}{r['mean_length']:>9.0f}{r['splits']:>7}"
-        for name in ("sdpa_fp16", "ours_fp16", "ours_fp8"):
+        line = f"{r['kind']:<6}{r['B']:>5}{r['T']:>6}{r['mean_length']:>9.0f}{r['splits']:>7}{r['splits_fp8']:>4}"
+        for name in ("sdpa_fp16", "ours_fp16", "ours_fp8", "ours_fp8_tile"):
             c = r[name]
             line += f"{c['ms'] * 1e3:>15.1f}{c['GBps']:>7.0f}{c['pct_of_copy']:>5.0f}"
         line += f"{r['ours_fp8_eager_ms'] * 1e3:>13.1f}"
@@ -139,6 +206,8 @@ def print_table(rows: list[dict], ceiling: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench_attention.json", help="file name under the results directory")
+    parser.add_argument("--sweep", action="store_true", help="splits x BLOCK_T x warps x batch, tile-scaled fp8 cross")
+    parser.add_argument("--no-table", action="store_true", help="only the sweep")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA not available: nothing to benchmark (the kernels' CPU tests run through TRITON_INTERPRET=1)")
@@ -146,15 +215,19 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     ceiling = copy_bandwidth_gbps()
     rows = []
-    for B in CROSS_BATCHES:
-        lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device="cuda")
-        rows.append(run_case("cross", B, CROSS_T, lengths, B, ceiling))
-    for B in SELF_BATCHES:
-        gen = torch.Generator(device="cuda").manual_seed(B)
-        lengths = torch.randint(1, SELF_T + 1, (B,), dtype=torch.int32, device="cuda", generator=gen)
-        rows.append(run_case("self", B, SELF_T, lengths, 2 * B, ceiling))  # decode B of 2B slots
-    print_table(rows, ceiling)
     result = {"environment": environment(), "copy_bandwidth_GBps": ceiling, "rows": rows}
+    if args.sweep:  # first: the launch choice is what the next change needs
+        result["sweep"] = sweep(ceiling)
+        write_json(args.out, result)
+    if not args.no_table:
+        for B in CROSS_BATCHES:
+            lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device="cuda")
+            rows.append(run_case("cross", B, CROSS_T, lengths, B, ceiling))
+        for B in SELF_BATCHES:
+            gen = torch.Generator(device="cuda").manual_seed(B)
+            lengths = torch.randint(1, SELF_T + 1, (B,), dtype=torch.int32, device="cuda", generator=gen)
+            rows.append(run_case("self", B, SELF_T, lengths, 2 * B, ceiling))  # decode B of 2B slots
+        print_table(rows, ceiling)
     print("wrote", write_json(args.out, result))
 
 

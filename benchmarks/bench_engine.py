@@ -212,7 +212,7 @@ def main() -> None:
     args = p.parse_args()
 
     batches = [int(x) for x in args.batches.split(",")]
-    hf_batches = [int(x) for x in args.hf_batches.split(",")]
+    hf_batches = [int(x) for x in args.hf_batches.split(",") if x]  # "": no transformers rows
     data = np.load(args.audio)
     names = sorted(data.files)
     clips = [data[k].astype(np.float32) for k in names]
@@ -244,8 +244,9 @@ def main() -> None:
     precisions = [None if p == "none" else p for p in args.precisions.split(",")]
 
     def each_precision(make, audios, run_batches, tokens, label, transcripts=None):
-        hf_rows = bench_transformers(make(), audios, [b for b in hf_batches if b <= max(run_batches)], tokens)
-        if transcripts is not None:
+        hf_run = [b for b in hf_batches if b <= max(run_batches)]
+        hf_rows = bench_transformers(make(), audios, hf_run, tokens) if hf_run else []
+        if transcripts is not None and hf_rows:
             transcripts["transformers"] = hf_rows[-1].get("texts", [])[: len(names)]
         for precision in precisions:
             try:

@@ -27,6 +27,26 @@ def engine_rows(report: dict) -> list[dict]:
     return rows
 
 
+def preset_ratios(report: dict, base: str = "full_fp16") -> list[dict]:
+    """Per model and batch: each other preset's step and wall time over `base`'s (< 1: faster).
+    Issue 15's rule: an FP8 preset is offered as better only at <= 1 for every batch."""
+    runs: dict[tuple, dict] = {}
+    for run in report.get("runs", []):
+        model, precision = run["model"].split(" (")[0], run["model"].partition(", precision ")[2]
+        for o in run["ours"]:
+            runs[(model, precision, o["windows"])] = o
+    rows = []
+    for (model, precision, windows), o in runs.items():
+        ref = runs.get((model, base, windows))
+        if precision == base or ref is None:
+            continue
+        ratio = lambda k: round(o[k] / ref[k], 3) if o.get(k) and ref.get(k) else None  # noqa: E731
+        rows.append({"model": model, "preset": precision, "windows": windows, "step_ms": o.get("step_ms"),
+                     f"{base}_step_ms": ref.get("step_ms"), "step_ratio": ratio("step_ms"), "wall_ratio": ratio("wall_s"),
+                     "rtf": o.get("rtf")})
+    return rows
+
+
 def main() -> None:
     args = [Path(a) for a in sys.argv[1:]]
     engine = next((a for a in args if a.name.startswith("bench_engine") and a.exists()), None)
@@ -43,6 +63,10 @@ def main() -> None:
             if flagged:
                 print(table(flagged, ["model", "precision", "system", "windows", "metric", "baseline", "now", "slower_x",
                                       "baseline_file"]))
+        ratios = preset_ratios(report)
+        if ratios:
+            print("against full_fp16 (ratio < 1: faster; the FP8 target is <= 1 at every batch)")
+            print(table(ratios, list(ratios[0])))
         for name, t in report.get("transcripts", {}).items():
             ref = t.get("transformers", [])
             same = {k: sum(a.strip() == b.strip() for a, b in zip(v, ref)) for k, v in t.items() if k not in ("files", "transformers")}

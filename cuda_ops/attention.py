@@ -3,9 +3,11 @@
 Flash-decoding in two passes: pass 1 gives each (row, head, split) a contiguous chunk of the
 positions and writes its partial softmax state (running max, sum, unnormalised output); pass 2
 merges the splits of each (row, head). With one split, pass 1 normalises and writes the output
-itself and pass 2 is not launched. FP8 (e4m3) K/V are dequantised in registers: the per-(slot, head)
-K scale is folded into q and the V scale applied once to the accumulator, so dequantisation costs no
-extra pass over memory. Design, tuning and tolerances: docs/kernels-attention-mel.md.
+itself and pass 2 is not launched. FP8 (e4m3) K/V are dequantised in registers, with one scale per
+(slot, head) or per (slot, head, SCALE_TILE positions): a per-head K scale is folded into q and the V
+scale applied once to the accumulator; a per-tile scale costs one scalar load per tile and one
+multiply per position (on the scores, and on p for V). Design, tuning and tolerances:
+docs/kernels-attention-mel.md.
 
 Shapes: q [B, H, D]; k, v [S, H, T, D] (a cache of S slots, T = Tmax); row b reads slot
 slot_ids[b] (or slot b when slot_ids is None, then S == B); lengths [B] int32 valid positions of
@@ -28,7 +30,13 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn: amax maps onto it, so no value 
 BLOCK_T = 128  # best for fp16 at every batch and fp8 at B >= 128; 64 was 7-10% faster for fp8 at B = 8-32
 NUM_WARPS = 4  # 8 warps was 10-35% slower
 NUM_STAGES = 2  # 2 and 3 measured the same
-WAVES = 2  # split until B*H*splits reaches WAVES x SMs programs (B=1: 12 splits of T=1500, B=8: 2)
+WAVES = 2  # fp16: split until B*H*splits reaches WAVES x SMs programs (B=1: 12 splits of T=1500, B=8: 2)
+# fp8: the H200 sweep of 2026-11-30 had 12 splits best at B=1, 6 tied best at B=8, 2 splits 10% better
+# than 1 at B=32 and 1 best at B>=128 (fp16: 2 at B=8, 1 from B=32): 8 waves gives exactly those counts.
+WAVES_FP8 = 8
+SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
+CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
+PREFETCH = False  # K/V of the next tile loaded before this tile's math (registers): A/B pending
 MAX_SPLITS = 32  # bounds pass 2's tile (splits x D floats in one warp) for very long T
 
 
@@ -44,9 +52,33 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x_fp8, scale
 
 
+def quantize_kv_tiles(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, H, T, D] -> (x_fp8 [B, H, T, D], scale [B, H, ceil(T / SCALE_TILE)] fp32): one scale per
+    SCALE_TILE positions of a head (amax / 448, floored at 1e-12 like fp8.quantize_rows)."""
+    B, H, T, D = x.shape
+    tile = SCALE_TILE
+    nt = -(-T // tile)
+    xf = torch.nn.functional.pad(x.float(), (0, 0, 0, nt * tile - T)).view(B, H, nt, tile, D)
+    amax = xf.abs().amax(dim=(3, 4)).clamp_min(1e-12)
+    # Tensor divides (correctly rounded, as the kernels' div_rn) and a multiply by 448 / amax, as
+    # fp8.quantize_rows_reference and cross_kv.py's epilogue: kernel and reference agree bit for bit.
+    fp8_max = torch.full_like(amax, FP8_MAX)
+    x_fp8 = (xf * (fp8_max / amax)[..., None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    scale = amax / fp8_max
+    return x_fp8.view(B, H, nt * tile, D)[:, :, :T].contiguous(), scale
+
+
+def expand_scale(scale: torch.Tensor, T: int) -> torch.Tensor:
+    """A [S, H] or [S, H, n_tiles] scale as [S, H, T, 1] (one value per position)."""
+    if scale.dim() == 2:
+        return scale[:, :, None, None]
+    return scale.repeat_interleave(SCALE_TILE, dim=2)[:, :, :T, None]
+
+
 def dequantize_kv(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Inverse of quantize_kv, in fp32: x_fp8 [S, H, T, D], scale [S, H] -> [S, H, T, D]."""
-    return x_fp8.float() * scale[:, :, None, None].float()
+    """Inverse of quantize_kv / quantize_kv_tiles, in fp32: x_fp8 [S, H, T, D], scale [S, H] or
+    [S, H, ceil(T / SCALE_TILE)] -> [S, H, T, D]."""
+    return x_fp8.float() * expand_scale(scale.float(), x_fp8.shape[2])
 
 
 def decode_attention_reference(
@@ -75,7 +107,7 @@ def decode_attention_reference(
     return torch.einsum("bht,bhtd->bhd", probs, vf).to(q.dtype)
 
 
-def choose_num_splits(batch_heads: int, max_len: int, sms: int) -> int:
+def choose_num_splits(batch_heads: int, max_len: int, sms: int, waves: int = WAVES) -> int:
     """Splits of the position axis per (row, head), each a whole number of BLOCK_T tiles.
 
     Decode attention is bound by reading K/V, and HBM needs many loads in flight: the grid should
@@ -84,7 +116,7 @@ def choose_num_splits(batch_heads: int, max_len: int, sms: int) -> int:
     Depends only on shapes, not on the lengths' values, so the launch is fixed under CUDA graphs.
     """
     tiles = max(1, -(-max_len // BLOCK_T))
-    wanted = -(-WAVES * sms // batch_heads)
+    wanted = -(-waves * sms // batch_heads)
     splits = max(1, min(wanted, tiles, MAX_SPLITS))
     chunk_tiles = -(-tiles // splits)
     return -(-tiles // chunk_tiles)  # the count after rounding each chunk up to whole tiles
@@ -123,11 +155,20 @@ def decode_attention_triton(
     slot_ids: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    block_t: int = BLOCK_T,
+    num_warps: int = NUM_WARPS,
+    const_strides: bool | None = None,
+    full_length: bool = False,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
 
     `out` (optional, [B, H, D] in q's dtype) is written in place, as under a CUDA graph;
-    `num_splits` overrides choose_num_splits (benchmarks and tests).
+    `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE) and
+    `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
+    `full_length=True` promises that every row's length is T (cross-attention): the kernel then
+    reads no lengths (their values are ignored); `prefetch` PREFETCH (the next tile's loads issued
+    before this tile's math). A/Bs on the H200 pending for all three.
     """
     _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
     if q.shape[2] not in (16, 32, 64, 128, 256):
@@ -141,8 +182,14 @@ def decode_attention_triton(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
-    splits = num_splits or choose_num_splits(B * H, T, num_sms(q.device))
-    chunk = triton.cdiv(triton.cdiv(T, splits), BLOCK_T) * BLOCK_T  # whole tiles per split
+    if SCALE_TILE % block_t:
+        raise ValueError(f"block_t must divide SCALE_TILE={SCALE_TILE}, got {block_t}")
+    waves = WAVES if k_scale is None else WAVES_FP8
+    splits = num_splits or choose_num_splits(B * H, T, num_sms(q.device), waves)
+    # Whole tiles per split; with per-tile scales whole scale tiles too (a BLOCK_T tile never
+    # straddles two scales), so the chunk is rounded to SCALE_TILE there.
+    unit = SCALE_TILE if k_scale is not None and k_scale.dim() == 3 else block_t
+    chunk = triton.cdiv(triton.cdiv(T, splits), unit) * unit
     splits = triton.cdiv(T, chunk)  # a num_splits override may round down like choose_num_splits
     # Partial state per (row, head, split); every program writes its entry, empty chunks included
     # (m = -1e30, l = 0), so pass 2 reads nothing unwritten.
@@ -150,18 +197,23 @@ def decode_attention_triton(
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
     has_scale = k_scale is not None
+    tile_scale = has_scale and k_scale.dim() == 3
     scales = (k_scale, v_scale) if has_scale else (part_m, part_m)  # placeholders, never read
-    _decode_partial_kernel[(B * H, splits)](
+    kernel = _decode_partial_kernel_const if (CONST_STRIDES if const_strides is None else const_strides) else _decode_partial_kernel
+    kernel[(B * H, splits)](
         q, k, v, scales[0], scales[1], slot_ids if slot_ids is not None else lengths, lengths,
         part_m, part_l, part_acc, out,
         sm_scale * math.log2(math.e), H, T, chunk,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
-        scales[0].stride(0) if has_scale else 0, scales[1].stride(0) if has_scale else 0,
+        scales[0].stride(0) if has_scale else 0, scales[0].stride(1) if has_scale else 0,
+        scales[1].stride(0) if has_scale else 0, scales[1].stride(1) if has_scale else 0,
         out.stride(0), out.stride(1), out.stride(2),
-        splits, HAS_SCALE=has_scale, HAS_SLOTS=slot_ids is not None, SINGLE_SPLIT=splits == 1,
-        BLOCK_T=BLOCK_T, HEAD_DIM=D, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        splits, HAS_SCALE=has_scale, TILE_SCALE=tile_scale, HAS_SLOTS=slot_ids is not None,
+        SINGLE_SPLIT=splits == 1, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, HEAD_DIM=D, FULL_T=full_length,
+        PREFETCH=PREFETCH if prefetch is None else prefetch,
+        num_warps=num_warps, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
         # Pass 2 is tiny (splits x D floats per program): one warp per (row, head) suffices.
@@ -189,14 +241,47 @@ def _check(q, k, v, lengths, k_scale, v_scale, slot_ids) -> None:
     is_fp8 = k.dtype == FP8_DTYPE
     if is_fp8 != (k_scale is not None) or is_fp8 != (v_scale is not None) or v.dtype != k.dtype:
         raise ValueError("fp8 K/V need k_scale and v_scale [S, H]; fp16/bf16 K/V take none")
-    if is_fp8 and (k_scale.shape != (S, H) or v_scale.shape != (S, H)):
-        raise ValueError(f"k_scale and v_scale must be [{S}, {H}]")
+    tiles = (S, H, -(-k.shape[2] // SCALE_TILE))
+    if is_fp8 and not (k_scale.shape == v_scale.shape and k_scale.shape in ((S, H), tiles)):
+        raise ValueError(f"k_scale and v_scale must be [{S}, {H}] or {list(tiles)}, got {tuple(k_scale.shape)}")
+    if is_fp8 and (k_scale.stride(-1) != 1 or v_scale.stride(-1) != 1):
+        raise ValueError("k_scale and v_scale must be contiguous along their last dim")
     if is_fp8 and (k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32):
         raise ValueError("k_scale and v_scale must be float32")
 
 
 @jit
-def _decode_partial_kernel(
+def _load_tile(k_base, v_base, t0, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T: tl.constexpr):
+    """K and V of positions [t0, t0 + BLOCK_T), zeros past `end`."""
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    mask = (offs_t < end)[:, None]
+    kt = tl.load(k_base + offs_t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=mask, other=0.0)
+    vt = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=mask, other=0.0)
+    return kt, vt
+
+
+@jit
+def _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
+                 TILE_SCALE: tl.constexpr, SCALE_TILE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One tile of the per-lane online softmax: (m_i, l_i, acc) after positions [t0, t0 + BLOCK_T)."""
+    mask_t = t0 + tl.arange(0, BLOCK_T) < end
+    s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BLOCK_T], base-2 logits
+    if TILE_SCALE:  # the tile's scales: one load each, a multiply per position (not per element)
+        s = s * tl.load(ks_base + t0 // SCALE_TILE)
+    s = tl.where(mask_t, s, float("-inf"))
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    pv = p
+    if TILE_SCALE:
+        pv = p * tl.load(vs_base + t0 // SCALE_TILE)
+    acc = acc * alpha[:, None] + pv[:, None] * vt.to(tl.float32)
+    l_i = l_i * alpha + p
+    return m_new, l_i, acc
+
+
+@jit
+def _decode_partial(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
@@ -204,17 +289,22 @@ def _decode_partial_kernel(
     stride_qb, stride_qh, stride_qd,
     stride_ks, stride_kh, stride_kt, stride_kd,
     stride_vs, stride_vh, stride_vt, stride_vd,
-    stride_kss, stride_vss,
+    stride_kss, stride_ksh, stride_vss, stride_vsh,
     stride_ob, stride_oh, stride_od,
-    num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
-    HAS_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr,
+    num_splits,
+    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
+    """Pass 1's body; the two kernels below differ only in which arguments are compile-time."""
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
     b = pid // H
     h = pid % H
-    length = tl.minimum(tl.load(len_ptr + b), T)
+    if FULL_T:  # every row attends to all T positions (cross-attention): no load before the loop
+        length = T
+    else:
+        length = tl.minimum(tl.load(len_ptr + b), T)
     start = split * chunk
     end = tl.minimum(start + chunk, length)
     if HAS_SLOTS:
@@ -227,9 +317,11 @@ def _decode_partial_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d * stride_qd).to(tl.float32)
     scale = qk_scale
-    if HAS_SCALE:
-        scale = scale * tl.load(k_scale_ptr + slot * stride_kss + h)
+    if HAS_SCALE and not TILE_SCALE:
+        scale = scale * tl.load(k_scale_ptr + slot * stride_kss + h * stride_ksh)
     q = q * scale  # folding both scales into q costs D multiplies instead of one per position
+    ks_base = k_scale_ptr + slot * stride_kss + h * stride_ksh
+    vs_base = v_scale_ptr + slot * stride_vss + h * stride_vsh
 
     k_base = k_ptr + slot * stride_ks + h * stride_kh
     v_base = v_ptr + slot * stride_vs + h * stride_vh
@@ -241,27 +333,29 @@ def _decode_partial_kernel(
     m_i = tl.full((BLOCK_T,), -1e30, tl.float32)
     l_i = tl.zeros((BLOCK_T,), tl.float32)
     acc = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
-    for t0 in range(start, end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        mask_t = offs_t < end
-        mask = mask_t[:, None]
-        # Both loads first, so that V's is in flight while the scores are computed.
-        kt = tl.load(k_base + offs_t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=mask, other=0.0)
-        vt = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=mask, other=0.0)
-        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BLOCK_T], base-2 logits
-        s = tl.where(mask_t, s, float("-inf"))
-        m_new = tl.maximum(m_i, s)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        acc = acc * alpha[:, None] + p[:, None] * vt.to(tl.float32)
-        l_i = l_i * alpha + p
-        m_i = m_new
+    if PREFETCH:
+        # Registers double-buffered by hand: tile i+1's K/V loads are issued before tile i's math,
+        # so their latency overlaps it (A/B: whether Triton pipelines these plain loads itself is
+        # not known). The load past `end` is fully masked: no memory traffic.
+        kt, vt = _load_tile(k_base, v_base, start, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T)
+        for t0 in range(start, end, BLOCK_T):
+            kn, vn = _load_tile(k_base, v_base, t0 + BLOCK_T, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd,
+                                BLOCK_T)
+            m_i, l_i, acc = _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
+                                         TILE_SCALE, SCALE_TILE, BLOCK_T)
+            kt, vt = kn, vn
+    else:
+        for t0 in range(start, end, BLOCK_T):
+            # Both loads first, so that V's is in flight while the scores are computed.
+            kt, vt = _load_tile(k_base, v_base, t0, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T)
+            m_i, l_i, acc = _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
+                                         TILE_SCALE, SCALE_TILE, BLOCK_T)
     m_max = tl.max(m_i, axis=0)
     w = tl.exp2(m_i - m_max)
     l_sum = tl.sum(l_i * w, axis=0)
     o = tl.sum(acc * w[:, None], axis=0)  # [HEAD_DIM]
-    if HAS_SCALE:
-        o = o * tl.load(v_scale_ptr + slot * stride_vss + h)
+    if HAS_SCALE and not TILE_SCALE:
+        o = o * tl.load(vs_base)
 
     if SINGLE_SPLIT:
         o = tl.where(l_sum > 0, o / tl.maximum(l_sum, 1e-30), 0.0)  # length 0 -> zeros, not NaN
@@ -272,6 +366,59 @@ def _decode_partial_kernel(
         tl.store(part_m_ptr + part, m_max)
         tl.store(part_l_ptr + part, l_sum)
         tl.store(part_acc_ptr + part * HEAD_DIM + offs_d, o)
+
+
+@jit
+def _decode_partial_kernel(
+    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    qk_scale, H, T, chunk,
+    stride_qb, stride_qh, stride_qd,
+    stride_ks, stride_kh, stride_kt, stride_kd,
+    stride_vs, stride_vh, stride_vt, stride_vd,
+    stride_kss, stride_ksh, stride_vss, stride_vsh,
+    stride_ob, stride_oh, stride_od,
+    num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
+    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):  # fmt: skip
+    _decode_partial(
+        q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, qk_scale, H, T, chunk,
+        stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
+        stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
+        stride_ob, stride_oh, stride_od, num_splits,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH,
+    )  # fmt: skip
+
+
+@jit
+def _decode_partial_kernel_const(
+    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    qk_scale, H: tl.constexpr, T: tl.constexpr, chunk: tl.constexpr,
+    stride_qb: tl.constexpr, stride_qh: tl.constexpr, stride_qd: tl.constexpr,
+    stride_ks: tl.constexpr, stride_kh: tl.constexpr, stride_kt: tl.constexpr, stride_kd: tl.constexpr,
+    stride_vs: tl.constexpr, stride_vh: tl.constexpr, stride_vt: tl.constexpr, stride_vd: tl.constexpr,
+    stride_kss: tl.constexpr, stride_ksh: tl.constexpr, stride_vss: tl.constexpr, stride_vsh: tl.constexpr,
+    stride_ob: tl.constexpr, stride_oh: tl.constexpr, stride_od: tl.constexpr,
+    num_splits: tl.constexpr,
+    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):  # fmt: skip
+    # Every shape and stride compile-time (one compile per call site and split count; fixed under
+    # CUDA graphs). The A/B for the 25-30 % fp8 gap a prototype with constant strides showed
+    # (docs/kernels-attention-mel.md, Open); chosen by decode_attention_triton(const_strides=...).
+    _decode_partial(
+        q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, qk_scale, H, T, chunk,
+        stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
+        stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
+        stride_ob, stride_oh, stride_od, num_splits,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH,
+    )  # fmt: skip
 
 
 @jit

@@ -13,11 +13,13 @@ are converted in the mixed preset. Quality of a preset is judged by WER against 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
+_SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
+_INTS = ("fp8_min_width",)  # every field in neither tuple is a site
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class PrecisionConfig:
     """Decoder fc1/fc2: the widest decoder weights (2 x 1280 x 5120 per layer), read in full on
     every decode step; FP8 halves those bytes, and inputs come from the fused LayerNorm and GELU.
     On the H200 it pays only at large decode batches (fc1: 6.8 vs 8.0 us at 256 rows, but 6.9 vs
-    4.6 us at 16: cuBLAS's row-wise FP8 GEMM has a fixed cost)."""
+    4.6 us at 16: cuBLAS's row-wise FP8 GEMM has a fixed cost). At large-v3 that is ~0.08 ms of an
+    18 ms step gained at 256 sequences and ~0.1-0.15 ms of a 5 ms step lost at 32, so mixed_fp8
+    keeps it in fp16 (mixed_fp8 must be at least as fast as full_fp16 at every batch)."""
 
     cross_kv_proj: SiteDtype = "fp16"
     """Projection of the encoder output to cross-attention K/V, once per window (M = 1500 x
@@ -63,6 +67,18 @@ class PrecisionConfig:
     every decode step: the largest decoder read). FP8 with per-token scales halves it and doubles
     the number of decoder slots that fit; needs an attention kernel that reads FP8 K/V."""
 
+    cross_kv_epilogue: bool = True
+    """With an FP8 cross cache and an fp16 `cross_kv` linear: the projection is a Triton GEMM whose
+    epilogue quantises each 128-position tile of a head and writes the cache (cuda_ops/cross_kv.py);
+    False: cuBLAS's GEMM, then one quantise pass over its output (the same kernel without the GEMM)."""
+
+    fp8_min_width: int = 1024
+    """Models narrower than this (d_model) keep every linear in fp16 whatever the sites say: their
+    GEMMs are too small for FP8 to pay. Measured on the H200: the tiny.en (384) encoder ran at
+    5,324 windows/s in mixed_fp8 against 6,492 in full_fp16 (5,604 / 7,259 the day before), while
+    large-v3 (1280) ran at 267 against 196. The FP8 cross cache is not a linear: it follows
+    `cross_kv_cache` at every width (half the memory). 0 converts at every width (A/B, WER)."""
+
     use_fused_layernorm: bool = True
     """Residual add + LayerNorm in one kernel. Numerically the same as the unfused ops (fp32
     math, the residual sum rounded to the stream dtype), so safe in every preset; required
@@ -71,7 +87,7 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "use_fused_layernorm" and value not in _SITE_DTYPES:
+            if f.name not in _SWITCHES + _INTS and value not in _SITE_DTYPES:
                 raise ValueError(f"PrecisionConfig.{f.name} must be one of {_SITE_DTYPES}, got {value!r}")
         ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)
         if not self.use_fused_layernorm and "fp8" in ln_fed:
@@ -80,7 +96,7 @@ class PrecisionConfig:
     @property
     def uses_fp8(self) -> bool:
         """True when any site runs in FP8 (the model then needs a GPU with FP8 tensor cores)."""
-        return any(getattr(self, f.name) == "fp8" for f in fields(self) if f.name != "use_fused_layernorm")
+        return any(getattr(self, f.name) == "fp8" for f in fields(self) if f.name not in _SWITCHES + _INTS)
 
 
 def full_fp16() -> PrecisionConfig:
@@ -90,12 +106,12 @@ def full_fp16() -> PrecisionConfig:
 
 def mixed_fp8() -> PrecisionConfig:
     """FP8 where a fused kernel produces the input and the error does not compound."""
-    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", decoder_ffn="fp8", cross_kv_cache="fp8")
+    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", cross_kv_cache="fp8")
 
 
 def aggressive_fp8() -> PrecisionConfig:
     """Every linear and the cross-attention cache in FP8: the most throughput, least margin."""
-    return PrecisionConfig(**{f.name: "fp8" for f in fields(PrecisionConfig) if f.name != "use_fused_layernorm"})
+    return PrecisionConfig(**{f.name: "fp8" for f in fields(PrecisionConfig) if f.name not in _SWITCHES + _INTS})
 
 
 PRESETS: dict[str, Callable[[], PrecisionConfig]] = {
@@ -106,8 +122,28 @@ PRESETS: dict[str, Callable[[], PrecisionConfig]] = {
 
 
 def get_preset(name: str) -> PrecisionConfig:
-    """The preset called `name` (the PRECISION setting)."""
+    """The preset called `name` (the PRECISION setting), optionally with fields overridden:
+    "mixed_fp8:decoder_ffn=fp8:cross_kv_epilogue=0:fp8_min_width=0" (A/B runs of single sites;
+    ":" separates, since bench_engine's --precisions is a comma list)."""
+    base, *overrides = name.split(":")
     try:
-        return PRESETS[name]()
+        config = PRESETS[base]()
     except KeyError:
-        raise ValueError(f"unknown precision preset {name!r}; valid: {', '.join(PRESETS)}") from None
+        raise ValueError(f"unknown precision preset {base!r}; valid: {', '.join(PRESETS)}") from None
+    changes: dict[str, object] = {}
+    names = {f.name for f in fields(PrecisionConfig)}
+    for item in filter(None, overrides):
+        key, _, value = item.partition("=")
+        if key not in names:
+            raise ValueError(f"unknown PrecisionConfig field {key!r} in {name!r}; valid: {', '.join(sorted(names))}")
+        if key in _SWITCHES:
+            if value not in ("0", "1"):
+                raise ValueError(f"{key} takes 0 or 1, got {value!r}")
+            changes[key] = value == "1"
+        elif key in _INTS:
+            if not value.isdigit():
+                raise ValueError(f"{key} takes a whole number, got {value!r}")
+            changes[key] = int(value)
+        else:
+            changes[key] = value
+    return replace(config, **changes)

@@ -42,7 +42,8 @@ def plain(clips):
     return _run(None, clips)
 
 
-@pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8", "aggressive_fp8"])
+# tiny.en is narrower than fp8_min_width: ":fp8_min_width=0" puts its FP8 linears in anyway.
+@pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8:fp8_min_width=0", "aggressive_fp8:fp8_min_width=0"])
 def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
     results = _run(precision, clips)
     if precision == "full_fp16":  # same function, fp32 here: the same greedy tokens
@@ -53,7 +54,29 @@ def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
 
 
 def test_apply_precision_converts_the_chosen_sites():
-    model = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8"))
+    model = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8:fp8_min_width=0"))
     enc, dec = model.encoder.blocks[0], model.decoder.blocks[0]
     assert isinstance(enc.qkv, FP8Linear) and isinstance(enc.fc1, FP8Linear) and not isinstance(enc.attn_out, FP8Linear)
-    assert isinstance(dec.fc2, FP8Linear) and not isinstance(dec.qkv, FP8Linear) and dec.fused
+    assert not isinstance(dec.fc2, FP8Linear) and not isinstance(dec.qkv, FP8Linear) and dec.fused
+    old = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8:decoder_ffn=fp8:fp8_min_width=0"))
+    assert isinstance(old.decoder.blocks[0].fc1, FP8Linear) and isinstance(old.decoder.blocks[0].fc2, FP8Linear)
+    narrow = apply_precision(load_model("tiny.en").model, get_preset("mixed_fp8"))  # 384 < fp8_min_width
+    assert not any(isinstance(m, FP8Linear) for m in narrow.modules()) and narrow.encoder.blocks[0].fused
+
+
+def test_cross_cache_scale_tile_is_the_kernels():
+    from cuda_ops.attention import SCALE_TILE
+    from streamer.model.whisper import CROSS_SCALE_TILE
+
+    assert CROSS_SCALE_TILE == SCALE_TILE
+
+
+def test_fp8_cross_cache_has_a_scale_per_tile():
+    from streamer.model.whisper import KVCache
+
+    dims = load_model("tiny.en").model.dims
+    cache = KVCache(dims, 3, cross_fp8=True)
+    tiles = -(-dims.n_audio_ctx // 128)
+    assert cache.cross_k_scale[0].shape == cache.cross_v_scale[-1].shape == (3, dims.n_text_head, tiles)
+    k, v, ks, vs = cache.cross(0, slice(1, 3))
+    assert ks.shape == (2, dims.n_text_head, tiles) and k.dtype == v.dtype

@@ -20,6 +20,12 @@ from cuda_ops.layernorm import layer_norm
 from cuda_ops.precision import PrecisionConfig
 from streamer.model.whisper import Whisper, _merge_heads, _split_heads
 
+PREFILL_ROWS_MAX = 16
+"""Prompt tokens up to which a prefill reads an FP8 cross cache through decode attention (the
+cache read once per token, in FP8) rather than dequantising it (fp8 read, fp32 write and read,
+fp16 write, then SDPA's fp16 read: about 8 bytes per cached byte, i.e. break-even near 8-16 tokens).
+Long previous-text prompts (up to 224 tokens) take the dequantising path."""
+
 
 def _ln(x: Tensor, ln: torch.nn.LayerNorm, residual: Tensor | None = None, fp8: bool = False):
     """(normed or (fp8, scale), residual sum) of LayerNorm(x + residual)."""
@@ -57,11 +63,17 @@ def decoder_block(block, x: Tensor, index: tuple[Tensor, Tensor], mask: Tensor, 
     h, x = _ln(block.attn_out(_merge_heads(a)), block.cross_ln, residual=x, fp8=isinstance(block.cross_q, FP8Linear))
     q = _split_heads(block.cross_q(h), block.n_head)
     ck, cv, k_scale, v_scale = cross
-    if one_token and k_scale is not None:
-        lengths = torch.full((q.shape[0],), ck.shape[2], dtype=torch.int32, device=q.device)
-        a = decode_attention(q[:, :, 0], ck, cv, lengths, k_scale=k_scale, v_scale=v_scale)[:, :, None]
+    B, H, T, Dh = q.shape
+    if k_scale is not None and T <= PREFILL_ROWS_MAX:
+        # Cross-attention has no mask, so each query token is one decode-attention row over its
+        # slot's FP8 cache (slot_ids repeat the slot): no dequantised copy of the cache is made.
+        rows = q.transpose(1, 2).reshape(B * T, H, Dh)
+        lengths = torch.full((B * T,), ck.shape[2], dtype=torch.int32, device=q.device)
+        slots = None if T == 1 else torch.arange(B, dtype=torch.int32, device=q.device).repeat_interleave(T)
+        a = decode_attention(rows, ck, cv, lengths, k_scale=k_scale, v_scale=v_scale, slot_ids=slots)
+        a = a.view(B, T, H, Dh).transpose(1, 2)
     else:
-        if k_scale is not None:  # prefill over an FP8 cache: dequantise this batch's slots once
+        if k_scale is not None:  # a long prompt over an FP8 cache: dequantise this batch's slots once
             ck, cv = dequantize_kv(ck, k_scale).to(q.dtype), dequantize_kv(cv, v_scale).to(q.dtype)
         a = F.scaled_dot_product_attention(q, ck, cv)
     return _mlp(block, x, block.cross_out(_merge_heads(a)))
@@ -71,9 +83,12 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
     """Switch `model` (already on its device and dtype) to the fused kernels and FP8 sites of `config`.
 
     The cross-attention cache format (`config.cross_kv_cache`) is the KV cache's business: the
-    runner allocates it. Linears become FP8Linear with per-output-channel scales, quantised once.
+    runner allocates it. Linears become FP8Linear with per-output-channel scales, quantised once,
+    in models at least `config.fp8_min_width` wide.
     """
     def fp8(module, *names):
+        if model.dims.n_audio_state < config.fp8_min_width:  # too narrow for FP8 GEMMs to pay
+            return
         for name in names:
             linear = getattr(module, name)
             if isinstance(linear, torch.nn.Linear):
@@ -87,6 +102,7 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
             fp8(block, "attn_out")
         if config.encoder_ffn == "fp8":
             fp8(block, "fc1", "fc2")
+    model.decoder.cross_kv_epilogue = config.cross_kv_epilogue
     for block in model.decoder.blocks:
         block.fused = config.use_fused_layernorm
         if config.decoder_self_qkv == "fp8":

@@ -18,6 +18,8 @@ from streamer.model import cpu_linear
 from streamer.model.cpu_linear import HalfWeightLinear
 
 HALF_LINEARS = ("qkv", "attn_out", "cross_q", "cross_out", "fc1", "fc2")
+CROSS_SCALE_TILE = 128
+"""Positions per scale of an FP8 cross cache (= cuda_ops.attention.SCALE_TILE; tests check it)."""
 """The linears of a decoder block that run per token (cross_kv runs once per window)."""
 
 
@@ -124,13 +126,15 @@ class KVCache(nn.Module):
         def make(t, dtype=dtype):
             return torch.zeros(n_slots, h, t, dh, device=device, dtype=dtype)
 
-        # FP8 cross K/V (e4m3, one scale per slot and head) halve the largest read of a decode step.
+        # FP8 cross K/V (e4m3, one scale per slot, head and 128 positions: cuda_ops.attention's
+        # SCALE_TILE, written by cuda_ops.cross_kv) halve the largest read of a decode step.
         cross_dtype = torch.float8_e4m3fn if cross_fp8 else dtype
         self.self_k = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
         self.self_v = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
         self.cross_k = [make(dims.n_audio_ctx, cross_dtype) for _ in range(dims.n_text_layer)]
         self.cross_v = [make(dims.n_audio_ctx, cross_dtype) for _ in range(dims.n_text_layer)]
-        ones = [torch.ones(n_slots, h, device=device) for _ in range(2 * dims.n_text_layer)] if cross_fp8 else []
+        tiles = -(-dims.n_audio_ctx // CROSS_SCALE_TILE)
+        ones = [torch.ones(n_slots, h, tiles, device=device) for _ in range(2 * dims.n_text_layer)] if cross_fp8 else []
         self.cross_k_scale, self.cross_v_scale = ones[::2], ones[1::2]
 
     def cross(self, layer: int, s: slice) -> tuple:
@@ -183,7 +187,7 @@ class DecoderBlock(nn.Module):
         # x: [B, T, D]; index: (row [B, T], position [B, T]) where the new K/V go;
         # mask: [B, 1, T, n_text_ctx] True where attending is allowed;
         # self_k/v: this batch's slots, [B, H, n_text_ctx, Dh] views of the cache;
-        # cross: (k, v, k_scale, v_scale) of this batch's slots, [B, H, 1500, Dh] (+ [B, H] FP8 scales).
+        # cross: (k, v, k_scale, v_scale) of this batch's slots, [B, H, 1500, Dh] (+ [B, H, 12] FP8 scales).
         if self.fused:
             from streamer.model.fused import decoder_block
 
@@ -215,6 +219,9 @@ class TextDecoder(nn.Module):
         self.register_buffer("positional_embedding", torch.zeros(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
+        # FP8 cross cache: quantised in the projection's epilogue (True) or by a pass after cuBLAS's
+        # GEMM; set by streamer.model.fused.apply_precision (PrecisionConfig.cross_kv_epilogue).
+        self.cross_kv_epilogue = True
         # float16-weight copy of the tied output projection for the CPU, set by `cpu_half_weights()`.
         self.proj_half: HalfWeightLinear | None = None
 
@@ -243,14 +250,18 @@ class TextDecoder(nn.Module):
         b = audio_features.shape[0]
         s = slice(start, start + b)
         for i, block in enumerate(self.blocks):
-            k, v = (_split_heads(t, block.n_head) for t in block.cross_kv(audio_features).chunk(2, dim=-1))
-            if cache.cross_fp8:
-                from cuda_ops.attention import quantize_kv
+            if cache.cross_fp8:  # the fp16 projection never reaches memory (cuda_ops/cross_kv.py)
+                from cuda_ops.cross_kv import write_cross_kv_fp8
 
-                (cache.cross_k[i][s], cache.cross_k_scale[i][s]), (cache.cross_v[i][s], cache.cross_v_scale[i][s]) = \
-                    quantize_kv(k), quantize_kv(v)
-            else:
-                cache.cross_k[i][s], cache.cross_v[i][s] = k, v
+                out = cache.cross_k[i][s], cache.cross_v[i][s], cache.cross_k_scale[i][s], cache.cross_v_scale[i][s]
+                lin = block.cross_kv
+                if isinstance(lin, nn.Linear) and self.cross_kv_epilogue:
+                    write_cross_kv_fp8(audio_features, lin.weight, lin.bias, *out)
+                else:  # an FP8 linear (or the A/B switch): its output, quantised in one pass
+                    write_cross_kv_fp8(lin(audio_features), None, None, *out)
+                continue
+            k, v = (_split_heads(t, block.n_head) for t in block.cross_kv(audio_features).chunk(2, dim=-1))
+            cache.cross_k[i][s], cache.cross_v[i][s] = k, v
 
     def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache, kv_len: int | None = None) -> Tensor:
         """Hidden states [B, T, D] of `tokens` [B, T] at `positions` [B, T] in slots [start, start + B).

@@ -19,6 +19,7 @@ from cuda_ops.attention import (
     decode_attention_triton,
     dequantize_kv,
     quantize_kv,
+    quantize_kv_tiles,
 )
 
 CUDA = torch.cuda.is_available()
@@ -49,6 +50,10 @@ def make_case(B, H, T, kv, slots, seed=0, q_dtype=torch.float16):
     if kv == "fp8":
         k, args["k_scale"] = quantize_kv(k)
         v, args["v_scale"] = quantize_kv(v)
+    elif kv == "fp8tile":  # one scale per (slot, head, 128 positions), as cross_kv.py writes them
+        k = k * torch.linspace(0.1, 3, T)[None, None, :, None]  # tiles of different ranges
+        k, args["k_scale"] = quantize_kv_tiles(k)
+        v, args["v_scale"] = quantize_kv_tiles(v)
     else:
         k, v = k.to(kv), v.to(kv)
     move = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
@@ -194,3 +199,73 @@ def test_partials_are_written_before_read():
     poison = [torch.full((64 * 1024,), float("nan"), device=DEVICE) for _ in range(64)]
     del poison
     check(decode_attention_triton(q, k, v, lengths, **args), ref32, tol)
+
+
+TILE_SHAPES = [(3, 20, 1500), (7, 6, 300), (1, 6, 448)] if CUDA else [(3, 6, 300), (1, 6, 1500)]
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["direct", "slots"])
+@pytest.mark.parametrize("B,H,T", TILE_SHAPES)
+def test_tile_scales_match_reference(B, H, T, slots):
+    """FP8 K/V with a scale per 128-position tile: every split count and BLOCK_T 64 and 128."""
+    q, k, v, lengths, args = make_case(B, H, T, "fp8tile", slots, seed=3)
+    assert args["k_scale"].shape == (k.shape[0], H, -(-T // 128))
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits, block_t in ((1, 128), (2, 64), (None, 128)):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, block_t=block_t)
+        check(out, ref32, tol)
+
+
+def test_quantize_kv_tiles_round_trip():
+    """Per-tile scales: each tile's amax maps to 448 and every element is within the e4m3 step."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 300, D, generator=gen) * torch.linspace(0.01, 5, 300)[None, None, :, None]
+    x8, scale = quantize_kv_tiles(x.half())
+    assert x8.dtype == FP8_DTYPE and scale.shape == (2, 3, 3) and x8.is_contiguous()
+    xh = x.half().float()
+    ref = torch.stack([xh[:, :, i * 128:(i + 1) * 128].abs().amax(dim=(2, 3)) for i in range(3)], dim=2) / 448
+    assert torch.allclose(scale, ref, rtol=1e-6, atol=0)
+    back = dequantize_kv(x8, scale)
+    step = scale.repeat_interleave(128, dim=2)[:, :, :300, None] * 2.0**-9  # half the subnormal step
+    assert ((back - xh).abs() <= xh.abs() * 2.0**-4 + step).all()
+
+
+@pytest.mark.parametrize("kv", ["fp8tile", torch.float16], ids=["fp8tile", "fp16"])
+def test_const_strides_kernel_agrees(kv):
+    """The compile-time-strides variant of pass 1 (CONST_STRIDES) computes the same function."""
+    q, k, v, lengths, args = make_case(3, 6, 300, kv, True, seed=5)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, const_strides=True)
+        check(out, ref32, tol)
+
+
+@pytest.mark.parametrize("kv", ["fp8tile", "fp8", torch.float16], ids=["fp8tile", "fp8", "fp16"])
+def test_prefetch_agrees(kv):
+    """Loading the next tile before this tile's math (PREFETCH) computes the same function,
+    partial tiles, length-1 rows and empty chunks included."""
+    q, k, v, lengths, args = make_case(3, 6, 300, kv, True, seed=7)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits, block_t in ((1, 128), (3, 64)):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, block_t=block_t, prefetch=True)
+        check(out, ref32, tol)
+
+
+@pytest.mark.parametrize("const", [False, True], ids=["runtime", "const"])
+def test_full_length_reads_no_lengths(const):
+    """full_length=True (cross-attention: every row sees all T) ignores the lengths' values."""
+    q, k, v, lengths, args = make_case(3, 6, 300, "fp8tile", False, seed=6)
+    lengths.fill_(300)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, torch.zeros_like(lengths), **args, out=out, num_splits=splits,
+                                const_strides=const, full_length=True)
+        check(out, ref32, tol)

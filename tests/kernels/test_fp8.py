@@ -238,11 +238,28 @@ def test_fp8_nan_stays_visible():
 def test_presets():
     assert not precision.full_fp16().uses_fp8
     mixed = precision.get_preset("mixed_fp8")
-    assert (mixed.encoder_qkv, mixed.encoder_ffn, mixed.decoder_ffn, mixed.cross_kv_cache) == ("fp8",) * 4
-    assert (mixed.encoder_out_proj, mixed.decoder_self_qkv, mixed.decoder_cross_q) == ("fp16",) * 3
+    assert (mixed.encoder_qkv, mixed.encoder_ffn, mixed.cross_kv_cache) == ("fp8",) * 3
+    assert (mixed.encoder_out_proj, mixed.decoder_self_qkv, mixed.decoder_cross_q, mixed.decoder_ffn) == ("fp16",) * 4
+    assert mixed.cross_kv_epilogue and mixed.uses_fp8
     aggressive = precision.aggressive_fp8()
     assert aggressive.decoder_self_qkv == aggressive.encoder_out_proj == "fp8"
     assert set(precision.PRESETS) == {"full_fp16", "mixed_fp8", "aggressive_fp8"}
+
+
+def test_preset_overrides():
+    """"PRESET:field=value:..." changes single sites for A/B runs; switches take 0/1."""
+    old = precision.get_preset("mixed_fp8:decoder_ffn=fp8:cross_kv_epilogue=0")
+    assert old.decoder_ffn == "fp8" and not old.cross_kv_epilogue and old.encoder_ffn == "fp8"
+    assert precision.get_preset("full_fp16:") == precision.full_fp16()
+    with pytest.raises(ValueError, match="decoder_ffn"):
+        precision.get_preset("mixed_fp8:decoder_fnn=fp8")
+    with pytest.raises(ValueError, match="0 or 1"):
+        precision.get_preset("mixed_fp8:cross_kv_epilogue=yes")
+    with pytest.raises(ValueError, match="must be one of"):
+        precision.get_preset("mixed_fp8:decoder_ffn=int4")
+    assert precision.get_preset("mixed_fp8:fp8_min_width=0").fp8_min_width == 0
+    with pytest.raises(ValueError, match="whole number"):
+        precision.get_preset("mixed_fp8:fp8_min_width=wide")
 
 
 def test_preset_errors_are_clear():

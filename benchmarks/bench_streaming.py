@@ -190,7 +190,7 @@ def _client_process(url: str, recs: list[Recording], pace: float, delays: list[f
 
 
 def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0, *,
-             start: dict | None = None, seed: int = 0, procs: int = 1) -> dict:
+             start: dict | None = None, seed: int = 0, procs: int = 1, fast: tuple[Recording, float] | None = None) -> dict:
     """N clients at once, each streaming one of `files` (round robin), spread over `procs`
     processes so that the load client is never the limit; the summary of the run, with the
     clients' own CPU use (`client_cpu`: CPU seconds per wall second, all processes)."""
@@ -200,6 +200,12 @@ def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0
     delays = [rng.uniform(0, STAGGER_S) for _ in recs]
     procs = max(1, min(procs, n_clients))
     t0 = time.monotonic()
+    fast_task = None
+    if fast is not None:  # one more client, faster than real time, in a process of its own
+        import concurrent.futures
+
+        pool = concurrent.futures.ProcessPoolExecutor(1)
+        fast_task = pool.submit(_client_process, url, [fast[0]], fast[1], [0.0], start)
     if procs == 1:
         results, cpu = _client_process(url, recs, pace, delays, start)
     else:
@@ -215,6 +221,10 @@ def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0
             results[j] = r
         cpu = sum(c for _, c in parts)
     wall = time.monotonic() - t0
+    fast_result = None
+    if fast_task is not None:
+        [fast_result], _ = fast_task.result()
+        pool.shutdown()
     ok = [(r, rec) for r, rec in zip(results, recs) if r.error is None]
 
     def pct(values: list[float], q: float) -> float | None:
@@ -235,6 +245,9 @@ def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0
     summary["wer"] = wer([rec.reference for _, rec in ok], [" ".join(r.finals) for r, _ in ok], "en") if ok else None
     words = sum(r.partial_words for r, _ in ok)
     stable = sum(r.stable_words for r, _ in ok)
+    if fast_result is not None:
+        summary["fast_sender"] = {"pace": fast[1], "error": fast_result.error, "finals": len(fast_result.final_s),
+                                  "final_p50": pct(fast_result.final_s, 50), "final_p95": pct(fast_result.final_s, 95)}
     summary["partial_churn"] = sum(r.partial_changed for r, _ in ok) / words if words else None
     summary["stable_churn"] = sum(r.stable_changed for r, _ in ok) / stable if stable else None
     return summary
@@ -387,6 +400,27 @@ SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_w
                   "engine_busy", "loop_lag_max_s", "partial_interval_s", "ipc_MBps", "ipc_cpu"]
 
 
+def fairness(url: str, args) -> dict:
+    """`--fast-sender PACE`: N real-time clients alone, then the same N beside one client that
+    sends PACE times faster than real time for the whole run; their finalisation latencies."""
+    n = args.clients[0]
+    files = recordings(n, args.seconds)
+    audio = recordings(1, args.seconds * args.fast_sender, language="en")[0]
+    fast = Recording("fast", audio.pcm, audio.reference)
+    runs = []
+    for label, extra in (("alone", None), (f"beside a {args.fast_sender:g}x sender", (fast, args.fast_sender))):
+        summary = run_load(url, n, files, args.pace, procs=args.client_procs, fast=extra)
+        summary["label"] = label
+        runs.append(summary)
+        print(table([summary], ["label", *COLUMNS]), flush=True)
+    rise = (runs[1]["final_p95"] - runs[0]["final_p95"]) if runs[0]["final_p95"] and runs[1]["final_p95"] else None
+    print(f"p95 finalisation of the {n} real-time clients: {runs[0]['final_p95']:.2f} s alone, "
+          f"{runs[1]['final_p95']:.2f} s beside the fast sender (+{rise:.2f} s); the fast sender's own: "
+          f"{runs[1]['fast_sender']}", flush=True)
+    return {"clients": n, "fast_sender_pace": args.fast_sender, "seconds_per_client": args.seconds,
+            "p95_rise_s": rise, "environment": environment(), "runs": runs}
+
+
 def sweep(url: str, args) -> dict:
     http_url = url.replace("ws://", "http://").replace("wss://", "https://")
     health = _health(http_url) or {}
@@ -431,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench_streaming_<device>.json)")
     p.add_argument("--workers", type=int, default=None,
                    help="with --spawn: gateway worker processes (default: the server's; 0: one process)")
+    p.add_argument("--fast-sender", type=float, default=None,
+                   help="fairness run: the first --clients N alone, then beside one client this many times faster")
     p.add_argument("--profile-at", type=int, default=None, help="py-spy the engine core during the run of this N")
     p.add_argument("--profile-s", type=int, default=12, help="seconds of py-spy sampling")
     p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)),
@@ -439,6 +475,12 @@ def main(argv: list[str] | None = None) -> int:
 
     spawn = spawned_server(args.model, args.device, args.workers) if args.spawn else contextlib.nullcontext(args.url)
     with spawn as url:
+        if args.fast_sender:
+            result = fairness(url.rstrip("/"), args)
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=2))
+            print(f"wrote {args.out or write_json('bench_streaming_fairness.json', result)}")
+            return 0
         result = sweep(url.rstrip("/"), args)
     print()
     print(table(result["runs"], COLUMNS))

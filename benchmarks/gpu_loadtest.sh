@@ -9,6 +9,7 @@
 #   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels", ".carry/audio"], timeout_s=60)
 #   3. run(command="bash benchmarks/gpu_loadtest.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # PLAN=full (default): tiny.en at CLIENTS, the turbo shape at TURBO_CLIENTS, one process at SINGLE_CLIENTS.
+# PLAN=check: CUDA engine tests, tiny.en at 400/600/800 and the turbo shape at 200/400.
 # PLAN=ab: py-spy of the engine core at 400 tiny.en streams, then ENCODE_WHILE_FINALS=1 at 400 and 600
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
 # Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
@@ -32,7 +33,12 @@ run() {  # run NAME TIMEOUT ARGS...
   echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"
   tail -16 "$LOG"
 }
-if [ "${PLAN:-full}" = ab ]; then
+if [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, then the load at and past the target
+  timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_fused.py tests/test_sdpa_paths.py \
+    2>&1 | tail -3 | tee -a "$LOG"
+  run tiny 130 --model tiny.en --clients 400,600,800
+  run turbo 110 --model "$TURBO" --clients 200,400
+elif [ "${PLAN:-full}" = ab ]; then
   run tiny_profile 100 --model tiny.en --clients 400 --profile-at 400
   ENCODE_WHILE_FINALS=1 run tiny_ewf1 130 --model tiny.en --clients 400,600
   ENCODE_WHILE_FINALS=1 run turbo_ewf1 110 --model "$TURBO" --clients 200

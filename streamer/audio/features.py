@@ -28,6 +28,19 @@ def pad_or_trim(audio: torch.Tensor, length: int = N_SAMPLES) -> torch.Tensor:
     return audio
 
 
+def _padded_batch(clips: list[torch.Tensor], device) -> torch.Tensor:
+    """[B, N_SAMPLES]: the clips zero-padded on `device`. Only their samples cross to the device
+    (one copy), not 30 s per clip: padding on the host was 1.9 MB of memset and transfer per
+    window, about 10 % of the engine core's time at 400 live streams on the H200 (py-spy)."""
+    flat = torch.cat(clips).to(device) if device is not None else torch.cat(clips)
+    out = torch.zeros(len(clips), N_SAMPLES, dtype=torch.float32, device=flat.device)
+    offset = 0
+    for i, clip in enumerate(clips):
+        out[i, :len(clip)] = flat[offset:offset + len(clip)]
+        offset += len(clip)
+    return out
+
+
 def log_mel_spectrogram(audio: torch.Tensor | np.ndarray | list, n_mels: int = 80,
                         device: str | torch.device | None = None) -> torch.Tensor:
     """[B, n_mels, 3000] float32 features of a batch of ≤ 30-s clips (1-D input gives B = 1).
@@ -37,7 +50,7 @@ def log_mel_spectrogram(audio: torch.Tensor | np.ndarray | list, n_mels: int = 8
     from cuda_ops.mel import log_mel
 
     if isinstance(audio, list):
-        audio = torch.stack([pad_or_trim(torch.as_tensor(a, dtype=torch.float32)) for a in audio])
+        audio = _padded_batch([torch.as_tensor(a, dtype=torch.float32)[:N_SAMPLES] for a in audio], device)
     audio = torch.as_tensor(audio, dtype=torch.float32)
     if device is not None:
         audio = audio.to(device)

@@ -132,10 +132,9 @@ class Runner:
 
     def _step(self, encode: list, released: list[str]) -> StepResult:
         out = StepResult()
-        for rid in set(released):
-            for i in reversed(range(len(self.slots))):
-                if self.slots[i].id == rid:
-                    self._remove(i)
+        if released:
+            gone = set(released)
+            self._remove_rows([i for i, s in enumerate(self.slots) if s.id in gone])
         features = None
         if encode and self.slots and self.side is not None:
             t0 = time.perf_counter()
@@ -180,7 +179,7 @@ class Runner:
         for row in sorted(finished, reverse=True):
             if self.slots[row].group is None or self.slots[row].done:
                 out.finished.append(self.slots[row])
-            self._remove(row)
+        self._remove_rows(finished)
 
     def _advance_beams(self, rows: list[int], top, out: StepResult) -> list[int]:
         """Choose the group's next beams, move their K/V and sampler state into its slots.
@@ -217,15 +216,28 @@ class Runner:
         self.tokens_in[dst] = values[:, 1]
         return []
 
-    def _remove(self, row: int) -> None:
-        last = len(self.slots) - 1
-        if row != last:
-            self.cache.move(last, row)
-            self.state.move(last, row)
-            self.tokens_in[row] = self.tokens_in[last]
-            self.positions[row] = self.positions[last]
-            self.slots[row] = self.slots[last]
-        self.slots.pop()
+    def _remove_rows(self, rows: list[int]) -> None:
+        """Drop the sequences in `rows`; live ones past the new end move into the holes, with one
+        indexed copy per buffer for all of them. (Moving the last row into each hole one at a time
+        took ~26 small copies per ended sequence: 10 % of the engine core's time at 400 live
+        streams on the H200, py-spy.)"""
+        gone = set(rows)
+        if not gone:
+            return
+        n = len(self.slots)
+        keep = n - len(gone)
+        holes = [r for r in sorted(gone) if r < keep]
+        movers = [i for i in range(keep, n) if i not in gone]
+        if holes:
+            dst = torch.tensor(holes, device=self.device)
+            src = torch.tensor(movers, device=self.device)
+            self.cache.move_rows(src, dst)
+            self.state.move_rows(src, dst)
+            self.tokens_in[dst] = self.tokens_in[src]
+            self.positions[dst] = self.positions[src]
+            for h, m in zip(holes, movers):
+                self.slots[h] = self.slots[m]
+        del self.slots[keep:]
 
     # --- decoder step -------------------------------------------------------------------------------
 

@@ -73,9 +73,10 @@ class SchedulerConfig:
     """Queued windows beyond which add() raises QueueFull."""
     partial_queue_fraction: float = 0.5
     """Partials are refused once this fraction of `max_queue` is queued, leaving room for finals."""
-    encode_while_finals: int | None = None
-    """Windows other than finals admitted per step while a final decodes; None: a quarter of
-    `max_encoder_batch` (at least 1)."""
+    encode_while_finals: int = 1
+    """Windows other than finals admitted per step while a final decodes. H200, tiny.en, 400
+    live streams: p95 finalisation 1.17 s with 4 (of 16), 0.91 s with 1; partials then come
+    every 1.7 s instead of 1.3 s (the cadence the policy is allowed to widen)."""
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_encoder_batch", "max_queue"):
@@ -83,15 +84,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if not 0.0 < self.partial_queue_fraction <= 1.0:
             raise ValueError(f"partial_queue_fraction must be in (0, 1], not {self.partial_queue_fraction}")
-        if self.encode_while_finals is not None and self.encode_while_finals < 1:
+        if self.encode_while_finals < 1:
             raise ValueError(f"encode_while_finals must be at least 1, not {self.encode_while_finals}")
-
-    @property
-    def others_while_finals(self) -> int:
-        """Non-final admissions per step while a final decodes."""
-        if self.encode_while_finals is not None:
-            return self.encode_while_finals
-        return max(1, self.max_encoder_batch // 4)
 
     @property
     def partial_queue_limit(self) -> int:
@@ -241,7 +235,7 @@ class Scheduler:
                 break
             request = heap[0][3]
             if request.priority is not Priority.FINAL:
-                if finals_decoding and others >= self.config.others_while_finals:
+                if finals_decoding and others >= self.config.encode_while_finals:
                     break  # finals rank first, so every request left is of another class
                 others += 1
             if request.n_slots > self.free_slots and not (

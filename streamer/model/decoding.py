@@ -55,7 +55,8 @@ class SamplerState:
         self.timestamps[s] = torch.tensor(timestamps, device=self.timestamps.device)
         self.temperature[s] = torch.tensor(temperature, dtype=torch.float32, device=self.temperature.device)
 
-    def move(self, src: int, dst: int) -> None:
+    def move_rows(self, src, dst) -> None:
+        """Copy rows `src` (a tensor of indices) into rows `dst` (disjoint from them)."""
         for f in self.__dataclass_fields__:
             t = getattr(self, f)
             t[dst] = t[src]

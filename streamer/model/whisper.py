@@ -143,11 +143,11 @@ class KVCache(nn.Module):
             return self.cross_k[layer][s], self.cross_v[layer][s], self.cross_k_scale[layer][s], self.cross_v_scale[layer][s]
         return self.cross_k[layer][s], self.cross_v[layer][s], None, None
 
-    def move(self, src: int, dst: int) -> None:
-        """Copy slot `src` into slot `dst` (compaction when a sequence leaves)."""
+    def move_rows(self, src: Tensor, dst: Tensor) -> None:
+        """Copy slots `src` into slots `dst` (compaction when sequences leave; the two disjoint)."""
         for buffers in (self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_k_scale, self.cross_v_scale):
             for b in buffers:
-                b[dst].copy_(b[src])
+                b[dst] = b[src]
 
     def copy_slots(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
         """Self-attention K/V of slots `src` into slots `dst` (beam search reordering), positions

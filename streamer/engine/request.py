@@ -178,6 +178,8 @@ class Result:
     """Seconds of audio in the window."""
     truncated: bool = False
     """The decode stopped at its token limit instead of ending with end-of-text (a loop does)."""
+    token_logprobs: list[float] = field(default_factory=list)
+    """Log probability of each of `tokens` as sampled; empty after beam search."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, ready for `json.dumps`."""

@@ -82,6 +82,14 @@ StreamEvent = Union[SpeechStarted, SpeechStopped, Partial, Committed, Finalized]
 Emit = Callable[[StreamEvent], None]
 
 
+def _cancel(handle: Handle) -> None:
+    """Cancel engine work whose result nobody will await (its task is cancelled with it): the
+    engine sets `Cancelled` on the handle's future, which is then marked as seen, not left for
+    asyncio to report ("Future exception was never retrieved") when it is collected."""
+    handle.cancel()
+    handle.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 @dataclass
 class _FinalJob:
     window: SubmitWindow
@@ -161,10 +169,10 @@ class Bridge:
         """Stop everything at once (the client is gone): cancel tasks and engine work."""
         self._partial_next = None
         if self._partial is not None:
-            self._partial[1].cancel()
+            _cancel(self._partial[1])
         for job in self._finals:
             if job.handle is not None:
-                job.handle.cancel()
+                _cancel(job.handle)
         for task in list(self._tasks):
             task.cancel()
         self._finals.clear()

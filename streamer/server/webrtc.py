@@ -28,6 +28,7 @@ from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S
 from streamer.server.state import ServerState
 from streamer.server.stream import ProtocolError, StartOptions, event_dict, model_info, parse_message, parse_start
+from streamer.server.validation import ValidationError, parse_json
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -148,6 +149,9 @@ class WebRtcStream:
                 raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
         except ProtocolError as e:
             self._send(e.event())
+        except Exception as e:  # a bug: the message is refused, the stream goes on
+            log.exception("webrtc %s: internal error on a client message", self.session_id)
+            self._send({"type": "error", "code": "internal", "message": f"internal error: {type(e).__name__}"})
 
     def _emit(self, event: StreamEvent) -> None:
         if isinstance(event, Finalized) and event.error is not None:
@@ -234,8 +238,8 @@ async def config_endpoint(request: Request) -> JSONResponse:
 async def offer_endpoint(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.streamer
     try:
-        body = await request.json()
-    except ValueError:
+        body = parse_json(await request.body())
+    except ValidationError:
         return _error(400, "bad_sdp", "the body must be JSON: {sdp, type, start}", state=state)
     if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
         return _error(400, "bad_sdp", "expected {\"type\": \"offer\", \"sdp\": \"...\"}", state=state)

@@ -61,17 +61,17 @@ def server(engine, **server_settings):
     """A server with these `ServerConfig` fields; yields (ws:// base URL, its log lines)."""
     logs = LogLines()
     loggers = [logging.getLogger(name) for name in LogLines.LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(logs)
+    level = logging.getLogger("streamer").level
     logging.getLogger("streamer").setLevel(logging.INFO)
     try:
         with running(create_app(load_settings({}, server=server_settings), engine)) as base:
+            for lg in loggers:  # after uvicorn has configured its loggers (it replaces their handlers)
+                lg.addHandler(logs)
             yield base.replace("http://", "ws://"), logs
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg in loggers:
             lg.removeHandler(logs)
-            lg.setLevel(level)
+        logging.getLogger("streamer").setLevel(level)
 
 
 @pytest.fixture(scope="module")
@@ -285,14 +285,15 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS")
 
 
-async def never_read(url: str, path: str, message: str, seconds: float) -> tuple[float, int, str]:
-    """Sends `message` for `seconds` without reading (the client's queue holds one message, so
-    its socket fills), then reads until the server closes; (peak RSS growth in MB, close code, reason)."""
+async def never_read(url: str, path: str, message: str, seconds: float, logs: LogLines) -> tuple[float, int, str]:
+    """Sends `message` without reading (the client's queue holds one message, so its socket
+    fills) until the server gives up on it (its log says so) or `seconds` pass, then reads until
+    the server closes; (peak RSS growth in MB, close code, reason)."""
     base = rss_mb()
     peak = base
     async with websockets.connect(url + path, max_size=None, max_queue=1) as ws:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and "not reading" not in logs.text:
             try:
                 await asyncio.wait_for(ws.send(message), 1.0)
             except (asyncio.TimeoutError, websockets.ConnectionClosed):
@@ -313,7 +314,7 @@ def test_a_client_that_never_reads_is_closed_and_memory_stays_bounded(engine, tr
         message = json.dumps({"type": "session.update", "session": {
             "type": "transcription", "audio": {"input": {"transcription": {"prompt": "p" * 4000}}}}})
     with server(engine, max_outbox_bytes=1 << 20, send_timeout_s=2.0) as (url, logs):
-        growth, code, reason = asyncio.run(never_read(url, path, message, 6.0))
+        growth, code, reason = asyncio.run(never_read(url, path, message, 10.0, logs))
     assert code == 1008 and "not reading" in reason, (code, reason)
     # Unbounded, the replies alone would be hundreds of MB (the issue: 300 MB in 8 s).
     assert growth < 80, f"RSS grew {growth:.0f} MB"

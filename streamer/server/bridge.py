@@ -157,12 +157,17 @@ class Bridge:
         is delivered; then drop what is left."""
         self._dispatch(self.session.close())
         self._partial_next = None  # nothing is provisional any more
-        pending = [job.delivered.wait() for job in self._finals]
-        if pending:
-            try:
-                await asyncio.wait_for(asyncio.gather(*pending), timeout)
-            except asyncio.TimeoutError:
-                log.warning("session %s: finals not delivered within %.1f s", self.session_id, timeout)
+        # Tasks and asyncio.wait, not wait_for(gather(...)): a gather cancelled inside wait_for
+        # (the client went away) ends with an exception nobody retrieves, which asyncio logs.
+        waits = [asyncio.ensure_future(job.delivered.wait()) for job in self._finals]
+        try:
+            if waits:
+                _, late = await asyncio.wait(waits, timeout=timeout)
+                if late:
+                    log.warning("session %s: finals not delivered within %.1f s", self.session_id, timeout)
+        finally:
+            for wait in waits:
+                wait.cancel()
         self.close()
 
     def close(self) -> None:

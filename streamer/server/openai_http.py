@@ -17,6 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from streamer.server.auth import error_body
 
 REQUEST_ID_HEADER = b"x-request-id"
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+"""The fallback's methods (Starlette gives a function endpoint GET only unless told)."""
 
 
 def new_request_id() -> str:
@@ -52,7 +54,7 @@ def api_fallback(routes: list) -> Route:
         allowed: set[str] = set()
         for route in routes:
             if isinstance(route, Route) and route.matches(request.scope)[0] == Match.PARTIAL:
-                allowed |= route.methods or set()
+                allowed |= (route.methods or set()) - {"HEAD"}
         if allowed:
             return JSONResponse(error_body(f"{request.method} is not allowed on {request.url.path}; use "
                                            f"{', '.join(sorted(allowed))}", "method_not_allowed"),
@@ -60,4 +62,4 @@ def api_fallback(routes: list) -> Route:
         return JSONResponse(error_body(f"unknown URL: {request.method} {request.url.path}", "unknown_url"),
                             status_code=404)
 
-    return Route("/v1/{rest:path}", endpoint, methods=None)
+    return Route("/v1/{rest:path}", endpoint, methods=ALL_METHODS)

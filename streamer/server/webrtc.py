@@ -68,9 +68,12 @@ class WebRtcStream:
 
     transport = "webrtc"
 
-    def __init__(self, state: ServerState, start: StartOptions):
+    def __init__(self, state: ServerState, start: StartOptions, address: str | None = None):
         self.state = state
         self.session_id = secrets.token_hex(8)
+        self.address = address
+        self._counted = True
+        """`address` is counted in `state.clients` (offer_endpoint acquired it) until close()."""
         multilingual, _ = model_info(state)
         self.language = start.streaming.language if multilingual else "en"
         self.task = start.streaming.task
@@ -219,6 +222,9 @@ class WebRtcStream:
 
     async def close(self) -> None:
         self.state.release(self)
+        if self._counted:
+            self._counted = False
+            self.state.clients.release(self.address)
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
@@ -258,7 +264,11 @@ async def offer_endpoint(request: Request) -> JSONResponse:
     if state.engine_saturated():
         return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"},
                       state=state)
-    stream = WebRtcStream(state, start)
+    address = request.client.host if request.client else None
+    refusal = state.clients.acquire(address, state.settings.server.max_connections_per_client)
+    if refusal is not None:
+        return _error(503, "overloaded", refusal, headers={"Retry-After": "5"}, state=state)
+    stream = WebRtcStream(state, start, address)
     refusal = state.admit(stream)
     if refusal is not None:
         await stream.close()

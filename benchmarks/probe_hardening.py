@@ -80,7 +80,7 @@ async def realtime_sessions(url: str, n: int, audio: np.ndarray) -> None:
             await ws.recv()
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
             await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}))
+                "input": {"format": {"type": "audio/pcm", "rate": 48000}}}}}))  # a second segmentation
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
             await asyncio.sleep(0.05)
 

@@ -507,9 +507,8 @@ def test_abrupt_disconnects_leave_no_noise_and_no_threads(engine, jfk16k):
         pcm = pcm24k(jfk16k[:48000])
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-            "input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}))  # a second segmentation
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(s16(jfk16k[:16000])).decode()}))
+            "input": {"format": {"type": "audio/pcm", "rate": 48000}}}}}))  # a second segmentation
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
         await asyncio.sleep(0.1)
         if abort:
             ws.transport.abort()

@@ -24,7 +24,8 @@ FINISH_TIMEOUT_S = 60.0
 
 
 CLOSE_WAIT_S = 5.0
-"""How long the close frame of a client that does not read may wait before the TCP connection is aborted."""
+"""How long a client that does not read has, after the server gives up on it, to take the close
+frame (and answer it) before the TCP connection is aborted."""
 
 
 def abort_transport(scope: dict) -> bool:
@@ -114,12 +115,16 @@ class Outbox:
             self.on_stuck(reason)
 
     async def _close_stuck(self, reason: str) -> None:
+        """The close frame with the reason, then, `CLOSE_WAIT_S` after giving up, a TCP abort:
+        once its close frame is out uvicorn reads and discards whatever the client still sends
+        until the client answers the close, which a client that does not read never does."""
+        give_up = asyncio.get_running_loop().time() + CLOSE_WAIT_S
         try:
             await asyncio.wait_for(self.ws.close(1008, reason[:120]), CLOSE_WAIT_S)
-        except asyncio.TimeoutError:
-            abort_transport(self.ws.scope)
-        except Exception:  # the client is gone already
+        except Exception:  # not sent in time, or the client is gone already
             pass
+        await asyncio.sleep(max(0.0, give_up - asyncio.get_running_loop().time()))
+        abort_transport(self.ws.scope)
 
     async def _run(self) -> None:
         while True:

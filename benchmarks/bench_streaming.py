@@ -284,7 +284,9 @@ def spawned_server(model: str, device: str | None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("from streamer.config import load_settings; from streamer.server.app import serve; "
-            f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, server={{'port': {port}, 'max_connections_per_client': 0}}))")
+            f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, "
+            # every client of the load test comes from this host: no per-address limit
+            f"server={{'port': {port}, 'max_connections_per_client': 0}}))")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     try:

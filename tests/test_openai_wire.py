@@ -34,6 +34,13 @@ def jfk(jfk_path):
         return ("jfk.ogg", f.read())
 
 
+@pytest.fixture(scope="module")
+def short(audio_dir):
+    """A 3-s prompt (decodes faster than jfk, for the tests that only need a transcript)."""
+    with open(audio_dir / "en" / "asterisk" / "agent-newlocation.ogg", "rb") as f:
+        return ("prompt.ogg", f.read()), "Please enter a new extension, followed by pound."
+
+
 def test_not_audio_and_empty_uploads_are_bad_requests(client):
     for upload in (("notes.txt", b"not audio at all" * 100), ("empty.wav", b"")):
         with pytest.raises(openai.BadRequestError) as info:
@@ -84,21 +91,21 @@ def test_logprobs(client, jfk):
     assert "".join(lp.token for lp in r.logprobs).strip() == r.text
     assert all(lp.logprob <= 0 and bytes(int(b) for b in lp.bytes).decode() == lp.token for lp in r.logprobs)
     assert sum(lp.logprob for lp in r.logprobs) / len(r.logprobs) > -1.0  # a clean recording
-    plain = client.audio.transcriptions.create(file=jfk, model="whisper-1", response_format="json")
-    assert plain.text == r.text and getattr(plain, "logprobs", None) is None
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.transcriptions.create(file=jfk, model="whisper-1", response_format="text", include=["logprobs"])
     assert info.value.body["param"] == "include"
 
 
-def test_chunking_strategy(client, jfk):
+def test_chunking_strategy(client, short):
+    upload, text = short
     for strategy in ("auto", {"type": "server_vad", "prefix_padding_ms": 300, "silence_duration_ms": 500,
                               "threshold": 0.5}):
-        r = client.audio.transcriptions.create(file=jfk, model="whisper-1", chunking_strategy=strategy)
-        assert jiwer.wer(normalize(JFK), normalize(r.text)) < 0.1
+        r = client.audio.transcriptions.create(file=upload, model="whisper-1", chunking_strategy=strategy)
+        assert jiwer.wer(normalize(text), normalize(r.text)) < 0.2, r.text
+        assert getattr(r, "logprobs", None) is None  # only on request
     for bad in ({"type": "semantic"}, {"type": "server_vad", "threshold": 2}, "sometimes"):
         with pytest.raises(openai.BadRequestError) as info:
-            client.audio.transcriptions.create(file=jfk, model="whisper-1", chunking_strategy=bad)
+            client.audio.transcriptions.create(file=upload, model="whisper-1", chunking_strategy=bad)
         assert info.value.body["param"] == "chunking_strategy"
 
 

@@ -37,7 +37,6 @@ from streamer.config import load_settings
 from streamer.server.app import create_app, running
 from test_realtime import pcm24k
 
-JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 KEY = "sk-tls-test"
 NODE_DIR = Path(__file__).resolve().parent / "node"
 normalize = EnglishTextNormalizer()
@@ -72,12 +71,16 @@ def tls_server(engine, tmp_path_factory):
         yield base, cert
 
 
+PROMPT = "Please enter a new extension, followed by pound."
+
+
 @pytest.fixture(scope="module")
-def jfk24k(jfk_path) -> bytes:
-    return pcm24k(decode_audio(jfk_path))
+def prompt24k(audio_dir) -> bytes:
+    """A 3-s recording of `PROMPT` as 24-kHz PCM16 (a short one: three decodes on a CPU)."""
+    return pcm24k(decode_audio(str(audio_dir / "en" / "asterisk" / "agent-newlocation.ogg")))
 
 
-def test_python_sdk_realtime_over_tls(tls_server, jfk24k):
+def test_python_sdk_realtime_over_tls(tls_server, prompt24k):
     base, cert = tls_server
     context = ssl.create_default_context(cafile=str(cert))
 
@@ -96,8 +99,8 @@ def test_python_sdk_realtime_over_tls(tls_server, jfk24k):
             updated = (await connection.recv()).to_dict()
             SessionUpdatedEvent.model_validate(updated)
             assert updated["session"]["audio"]["input"]["transcription"]["language"] == "en"
-            for i in range(0, len(jfk24k), 48000):
-                await connection.input_audio_buffer.append(audio=base64.b64encode(jfk24k[i:i + 48000]).decode())
+            for i in range(0, len(prompt24k), 48000):
+                await connection.input_audio_buffer.append(audio=base64.b64encode(prompt24k[i:i + 48000]).decode())
             await connection.input_audio_buffer.commit()
             async for event in connection:
                 assert event.type != "error", event
@@ -106,18 +109,18 @@ def test_python_sdk_realtime_over_tls(tls_server, jfk24k):
         return None
 
     transcript = asyncio.run(asyncio.wait_for(run(), 180))
-    assert jiwer.wer(normalize(JFK), normalize(transcript)) < 0.1, transcript
+    assert jiwer.wer(normalize(PROMPT), normalize(transcript)) < 0.2, transcript
 
 
-def test_node_sdk_realtime_clients_over_tls(tls_server, jfk24k, tmp_path):
+def test_node_sdk_realtime_clients_over_tls(tls_server, prompt24k, tmp_path):
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed (Debian: apt-get install nodejs npm); `make test` runs this test with it")
     if not (NODE_DIR / "node_modules" / "openai").is_dir():
         pytest.skip(f"the openai npm package is not installed: npm install --prefix {NODE_DIR} (`make test` does)")
     base, cert = tls_server
-    pcm = tmp_path / "jfk24k.pcm"
-    pcm.write_bytes(jfk24k)
+    pcm = tmp_path / "prompt24k.pcm"
+    pcm.write_bytes(prompt24k)
     env = {**os.environ, "NODE_EXTRA_CA_CERTS": str(cert)}
     done = subprocess.run([node, "--experimental-websocket", "--no-warnings", str(NODE_DIR / "realtime_clients.mjs"),
                            base + "/v1", KEY, str(pcm)], env=env, capture_output=True, text=True, timeout=300)
@@ -126,6 +129,6 @@ def test_node_sdk_realtime_clients_over_tls(tls_server, jfk24k, tmp_path):
     assert results["websocket"]["subprotocol"] == "realtime"  # the browser-style client's handshake
     for name in ("ws", "websocket"):
         result = results[name]
-        assert jiwer.wer(normalize(JFK), normalize(result["transcript"])) < 0.1, (name, result["transcript"])
+        assert jiwer.wer(normalize(PROMPT), normalize(result["transcript"])) < 0.2, (name, result["transcript"])
         audio_input = result["created"]["audio"]["input"]
         assert "noise_reduction" not in audio_input and "language" not in audio_input["transcription"], audio_input

@@ -23,6 +23,8 @@ FINISH_TIMEOUT_S = 60.0
 """How long a stream that ends waits for the finals still in the engine."""
 
 
+SHUTDOWN_FLUSH_S = 1.0
+"""At shutdown, how long a stream's last events and close frame may take to leave."""
 CLOSE_WAIT_S = 5.0
 """How long a client that does not read has, after the server gives up on it, to take the close
 frame (and answer it) before the TCP connection is aborted."""
@@ -59,7 +61,7 @@ class Outbox:
     socket; `close(code)` sends a close frame after what is queued and ends the task.
 
     Bounded: a client that stops reading (its socket stays full) gets no more than `max_bytes`
-    of queued events and no more than `send_timeout_s` per event; past either the outbox is
+    of queued events, and no new event once one has waited `send_timeout_s`; past either the outbox is
     `stuck`, drops what it holds, calls `on_stuck`, closes with 1008 and the reason (if the
     client takes the frame within `CLOSE_WAIT_S`), else aborts the connection.
     """
@@ -73,6 +75,8 @@ class Outbox:
         """Called once, with the reason, when the client is found not to read."""
         self.stuck: str | None = None
         self.queued_bytes = 0
+        self._sending_since: float | None = None
+        """When the message being sent was handed to the socket (None: not sending)."""
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task = asyncio.ensure_future(self._run())
 
@@ -84,6 +88,12 @@ class Outbox:
         if self.queued_bytes > self.max_bytes:
             self._give_up(f"the client is not reading: {self.queued_bytes} bytes of events are waiting")
             return
+        # The time bound is checked here, as events come, rather than with a timer per send (a
+        # task or timer per event costs the event loop at hundreds of streams); a stuck socket
+        # with nothing more to send holds no more memory.
+        if self._sending_since is not None and time.monotonic() - self._sending_since > self.send_timeout_s:
+            self._give_up(f"the client is not reading: no event taken for {self.send_timeout_s:g} s")
+            return
         self._queue.put_nowait(text)
 
     def close(self, code: int) -> None:
@@ -93,6 +103,11 @@ class Outbox:
     def abandon(self) -> None:
         """The client is gone: stop after what is queued, without a close frame."""
         self._queue.put_nowait(None)
+
+    async def flushed(self, timeout: float) -> None:
+        """Until the sender has sent what was queued up to its close (or `timeout`), without
+        cancelling it."""
+        await asyncio.wait([self._task], timeout=timeout)
 
     async def wait(self, timeout: float) -> None:
         """Until the close is sent (or the client is gone); cancels the sender after `timeout`."""
@@ -136,12 +151,9 @@ class Outbox:
                     await self.ws.close(item)
                     return
                 self.queued_bytes -= len(item)
-                try:
-                    await asyncio.wait_for(self.ws.send_text(item), self.send_timeout_s)
-                except asyncio.TimeoutError:
-                    asyncio.get_running_loop().call_soon(
-                        self._give_up, f"the client is not reading: no event taken for {self.send_timeout_s:g} s")
-                    return
+                self._sending_since = time.monotonic()
+                await self.ws.send_text(item)
+                self._sending_since = None
             except Exception:  # the client went away: nothing more can be sent
                 return
 
@@ -217,6 +229,9 @@ class SocketStream:
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
         await self._done.wait()
+        # `closed` and the 1001 close frame must leave before uvicorn closes what is left (1012).
+        if self._outbox is not None:
+            await self._outbox.flushed(SHUTDOWN_FLUSH_S)
 
     async def _next_message(self) -> dict | str:
         """The client's next WebSocket message, or why none will come: `idle_timeout` (nothing

@@ -85,7 +85,11 @@ def test_python_sdk_realtime_over_tls(tls_server, prompt24k):
     context = ssl.create_default_context(cafile=str(cert))
 
     async def run():
-        client = AsyncOpenAI(api_key=KEY, base_url=base + "/v1", http_client=httpx.AsyncClient(verify=context))
+        async with AsyncOpenAI(api_key=KEY, base_url=base + "/v1", http_client=httpx.AsyncClient(verify=context)) \
+                as client:  # closed: an idle keep-alive connection would hold the server's shutdown
+            return await transcribe(client)
+
+    async def transcribe(client):
         assert [m.id for m in (await client.models.list()).data] == ["tiny.en", "whisper-1"]  # HTTPS too
         async with client.realtime.connect(model="whisper-1", extra_query={"intent": "transcription"},
                                            websocket_connection_options={"ssl": context}) as connection:

@@ -39,6 +39,8 @@ DRAIN_POLL_S = 0.02
 DRAIN_LIMIT_S = 2.0
 """Before closing the peer connection, wait this long at most for the data channel to send
 what it holds (`closed` must reach the client)."""
+MAX_OFFER_BYTES = 256 * 1024
+"""Largest offer body (an SDP offer is a few KB): read no further than this."""
 
 
 def ice_servers_from_env(env: Mapping[str, str]) -> list[dict]:
@@ -243,8 +245,13 @@ async def config_endpoint(request: Request) -> JSONResponse:
 
 async def offer_endpoint(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.streamer
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_OFFER_BYTES:
+            return _error(413, "too_large", f"an offer may hold at most {MAX_OFFER_BYTES} bytes", state=state)
     try:
-        body = parse_json(await request.body())
+        body = parse_json(raw)
     except ValidationError:
         return _error(400, "bad_sdp", "the body must be JSON: {sdp, type, start}", state=state)
     if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):

@@ -369,7 +369,8 @@ def spawned_server(model: str, device: str | None, workers: int | None = None, e
         port = s.getsockname()[1]
     code = ("from streamer.config import load_settings; from streamer.server.supervisor import serve; "
             f"serve(load_settings(model={{'model': {model!r}, 'device': {device!r}}}, "
-            f"server={{'port': {port}, 'workers': {workers!r}}}))")
+            # every client of the load test comes from this host: no per-address limit
+            f"server={{'port': {port}, 'workers': {workers!r}, 'max_connections_per_client': 0}}))")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     try:

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", help="require this key (env API_KEY)")
     serve.add_argument("--workers", type=int, help="gateway worker processes (env WORKERS; default 1 on <= 2 cores, "
                        "else min(8, cores/2); 0: gateway and engine in one process)")
+    serve.add_argument("--ssl-certfile", help="PEM certificate: serve HTTPS/WSS (env SSL_CERTFILE)")
+    serve.add_argument("--ssl-keyfile", help="PEM private key of --ssl-certfile (env SSL_KEYFILE)")
+    serve.add_argument("--allowed-origins", help="web origins allowed besides the server's own, comma-separated; "
+                                                 "`*` for any (env ALLOWED_ORIGINS)")
 
     tr = sub.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
     tr.add_argument("files", nargs="+", metavar="FILE")
@@ -64,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         from streamer.server.supervisor import serve as run_server
 
         logging.getLogger("streamer").setLevel(os.environ.get("LOG_LEVEL", "INFO"))
-        run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers))
+        run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers,
+                             ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                             allowed_origins=args.allowed_origins))
         return 0
     if args.command == "transcribe":
         return asyncio.run(_transcribe(args))

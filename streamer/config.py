@@ -118,6 +118,24 @@ class ServerConfig:
     max_loop_lag_s: float = 1.0
     """New live streams are refused (`overloaded`) while the event loop runs this late: the
     gateway is past what one process can serve, and the streams it has would suffer. 0: no limit."""
+    # Hardening (docs/security.md).
+    allowed_origins: str = ""
+    """Comma-separated origins (`https://app.example`) whose pages may open streams and call the
+    API; the server's own origin is always allowed, `*` allows any. Requests without `Origin`
+    (SDKs, pipelines) are not affected."""
+    max_outbox_bytes: int = 4 << 20
+    """Events queued for a client that does not read; past this the connection is closed."""
+    send_timeout_s: float = 20.0
+    """A client that takes no event for this long (its socket stays full) is closed."""
+    max_connections_per_client: int = 64
+    """Live streams one client address may hold at once (0: no limit)."""
+    first_audio_timeout_s: float = 15.0
+    """A stream that has sent no audio this long after it opened is closed (pings do not count)."""
+    upload_idle_timeout_s: float = 30.0
+    """An upload whose body stalls this long is refused (408) and its temporary file removed."""
+    ssl_certfile: str | None = None
+    """PEM certificate (chain): serve HTTPS and WSS (the SDKs' realtime clients use TLS)."""
+    ssl_keyfile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +172,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
     "MAX_BACKLOG_S": ("server", "max_backlog_s"),
     "SHUTDOWN_GRACE_S": ("server", "shutdown_grace_s"),
+    "ALLOWED_ORIGINS": ("server", "allowed_origins"),
+    "MAX_OUTBOX_BYTES": ("server", "max_outbox_bytes"),
+    "SEND_TIMEOUT_S": ("server", "send_timeout_s"),
+    "MAX_CONNECTIONS_PER_CLIENT": ("server", "max_connections_per_client"),
+    "FIRST_AUDIO_TIMEOUT_S": ("server", "first_audio_timeout_s"),
+    "UPLOAD_IDLE_TIMEOUT_S": ("server", "upload_idle_timeout_s"),
+    "SSL_CERTFILE": ("server", "ssl_certfile"),
+    "SSL_KEYFILE": ("server", "ssl_keyfile"),
 }
 
 

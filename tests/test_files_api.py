@@ -143,7 +143,7 @@ def error_of(call) -> tuple[int, dict]:
 def test_errors_in_openai_shape(client, jfk):
     status, body = error_of(lambda: client.audio.transcriptions.create(file=("notes.txt", b"not audio at all" * 100),
                                                                        model="tiny.en"))
-    assert status == 415 and body["param"] == "file"
+    assert status == 400 and body["param"] == "file" and body["code"] == "invalid_file_format"
     status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="large-v9"))
     assert status == 400 and "tiny.en" in body["message"] and "whisper-1" in body["message"]
     status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en", response_format="docx"))

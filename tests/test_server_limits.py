@@ -226,7 +226,7 @@ def test_api_key(engine):
         assert status == 200 and b"<html" in body.lower()
         for path in ("/metrics", "/v1/webrtc/config"):
             status, body, headers = http(url + path)
-            assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized", path
+            assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", path
             assert http(url + path, {"Authorization": "Bearer s3cret"})[0] == 200
         assert http(url + "/v1/webrtc/config?api_key=s3cret")[0] == 200
         status, body, _ = http(url + "/v1/models?api_key=s3cret")  # the file endpoints' routes are mounted

@@ -136,7 +136,10 @@ class StreamResampler:
         self.encoding = encoding
         self._frame_bytes = _pcm_dtype(encoding).itemsize * channels
         self._pending = b""  # bytes of an incomplete sample frame at the end of the last chunk
-        self._resampler = self._new_resampler()
+        # Made at the first chunk and dropped at flush()/close(): a libswresample graph runs a
+        # thread per core until it is freed, and a stream object may wait for the cyclic
+        # garbage collector (Realtime sessions left 30+ threads behind for a while).
+        self._resampler: av.AudioResampler | None = None
         self._pts = 0  # input samples pushed so far, the timestamp of the next frame
 
     def push(self, data: bytes) -> np.ndarray:
@@ -146,8 +149,10 @@ class StreamResampler:
         self._pending = data[whole:]
         samples = pcm_to_float(data[:whole], self.encoding)
         mono = samples.reshape(-1, self.channels).mean(axis=1, dtype=np.float32) if self.channels > 1 else samples
-        if self._resampler is None or mono.size == 0:
+        if self.rate == SAMPLE_RATE or mono.size == 0:
             return mono
+        if self._resampler is None:
+            self._resampler = self._new_resampler()
         frame = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
         frame.sample_rate = self.rate
         frame.time_base = Fraction(1, self.rate)
@@ -161,10 +166,14 @@ class StreamResampler:
         An incomplete sample left at the end is dropped.
         """
         tail = np.zeros(0, np.float32) if self._resampler is None else _frames_to_array(self._resampler.resample(None))
-        self._pending = b""
-        self._resampler = self._new_resampler()
-        self._pts = 0
+        self.close()
         return tail
+
+    def close(self) -> None:
+        """Free the resampler (and its threads) now; the next chunk starts a new stream."""
+        self._pending = b""
+        self._resampler = None
+        self._pts = 0
 
     def _new_resampler(self) -> av.AudioResampler | None:
         if self.rate == SAMPLE_RATE:

@@ -473,6 +473,8 @@ class Engine:
         req = seq.request
         duration = len(req.audio) / SAMPLE_RATE
         tokens = [t for t in seq.tokens if t != tok.eot]
+        logprobs = [lp for t, lp in zip(seq.tokens, seq.logprobs) if t != tok.eot] \
+            if len(seq.logprobs) == len(seq.tokens) else []  # beams keep only their sums
         text = tok.decode(tokens)
         avg_logprob = seq.sum_logprob / max(1, len(seq.tokens))
         ratio = compression_ratio(text)
@@ -488,7 +490,7 @@ class Engine:
         return Result(request_id=req.id.split(".")[0], text=text.strip(), tokens=tokens, segments=segments,
                       language=seq.language, avg_logprob=avg_logprob, no_speech_prob=seq.no_speech_prob,
                       compression_ratio=ratio, temperature=req.temperature, duration=duration,
-                      truncated=not seq.tokens or seq.tokens[-1] != tok.eot)
+                      truncated=not seq.tokens or seq.tokens[-1] != tok.eot, token_logprobs=logprobs)
 
     def _finish(self, ticket: Ticket | None, result: Result | None = None, error: Exception | None = None) -> None:
         if ticket is None or ticket.done:

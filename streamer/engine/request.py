@@ -181,6 +181,8 @@ class Result:
     first_token_s: float | None = None
     """Seconds from the engine taking the window to its first sampled token (queue wait plus the
     encoder pass and prefill), measured by the engine."""
+    token_logprobs: list[float] = field(default_factory=list)
+    """Log probability of each of `tokens` as sampled; empty after beam search."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, ready for `json.dumps`."""

@@ -73,6 +73,7 @@ class Sequence:
     no_speech_prob: float = 0.0
     tokens: list[int] = field(default_factory=list)  # sampled so far
     sum_logprob: float = 0.0
+    logprobs: list[float] = field(default_factory=list)  # per sampled token (greedy/sampling; not beams)
     done: bool = False
     group: BeamGroup | None = None  # beam search: the slots of one request share a group
 
@@ -169,6 +170,7 @@ class Runner:
                 continue
             seq.tokens.append(token)
             seq.sum_logprob += logprob
+            seq.logprobs.append(logprob)
             out.tokens.append((seq.id, token))
             position = len(seq.initial) + len(seq.tokens)
             if token == self.tok.eot or len(seq.tokens) >= seq.max_new or position >= self.dims.n_text_ctx:

@@ -29,6 +29,8 @@ class TranscriptSegment:
     """Of the accepted attempt of its window (after temperature fallback)."""
     words: list[Word] | None = None
     """Present when word timestamps were asked for."""
+    token_logprobs: list[float] = field(default_factory=list)
+    """Log probability of each of `tokens` (empty when the decode kept none: beam search)."""
 
 
 @dataclass
@@ -69,7 +71,8 @@ def make_segments(spans: list[tuple[float, float, list[int]]], result: Result, t
     offset = window.start / SAMPLE_RATE
     limit = window.length / SAMPLE_RATE
     out = []
-    for start, end, tokens in spans:
+    logprobs = _span_logprobs(spans, result)
+    for (start, end, tokens), span_logprobs in zip(spans, logprobs):
         start, end = min(start, limit), min(end, limit)
         text = tokenizer.decode(tokens)
         if not text.strip() or end <= start:
@@ -78,7 +81,26 @@ def make_segments(spans: list[tuple[float, float, list[int]]], result: Result, t
             id=0, seek=window.start // HOP_LENGTH, start=round(offset + start, 3), end=round(offset + end, 3),
             text=text, tokens=list(tokens), avg_logprob=result.avg_logprob,
             compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob,
-            temperature=result.temperature))
+            temperature=result.temperature, token_logprobs=span_logprobs))
+    return out
+
+
+def _span_logprobs(spans: list[tuple[float, float, list[int]]], result: Result) -> list[list[float]]:
+    """Per span, the log probabilities of its tokens: spans take their tokens from
+    `result.tokens` in order, so one pass pairs them."""
+    if len(result.token_logprobs) != len(result.tokens):
+        return [[] for _ in spans]
+    out, i = [], 0
+    for _, _, tokens in spans:
+        picked = []
+        for token in tokens:
+            while i < len(result.tokens) and result.tokens[i] != token:
+                i += 1
+            if i == len(result.tokens):
+                return [[] for _ in spans]
+            picked.append(result.token_logprobs[i])
+            i += 1
+        out.append(picked)
     return out
 
 

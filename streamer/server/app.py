@@ -31,9 +31,12 @@ from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
-from streamer.server import files, realtime
+from streamer.server import files, realtime, redact
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
+from streamer.server.openai_http import RequestIdMiddleware, api_fallback
+from streamer.server.origin import OriginMiddleware, OriginPolicy
+from streamer.server.socket_stream import TransportTap
 from streamer.server.state import ServerState
 from streamer.server.stream import stream_endpoint
 
@@ -133,11 +136,16 @@ def create_app(settings: Settings, engine: Engine | None = None,
         WebSocketRoute("/v1/realtime", realtime.realtime_endpoint),
         *(webrtc.routes if webrtc else []),
         *files.routes,
-        Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"),
     ]
+    routes += [api_fallback(routes), Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")]
     refused = lambda: metrics_.errors.labels("unauthorized").inc()  # noqa: E731
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(AuthMiddleware, api_key=settings.server.api_key, on_refused=refused)])
+    policy = OriginPolicy(settings.server.allowed_origins, settings.server.host)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[
+        Middleware(RequestIdMiddleware),
+        Middleware(OriginMiddleware, policy=policy, on_refused=lambda code: metrics_.errors.labels(code).inc()),
+        Middleware(TransportTap),
+        Middleware(AuthMiddleware, api_key=settings.server.api_key, on_refused=refused),
+    ])
     app.state.streamer = state
     return app
 
@@ -168,14 +176,16 @@ def build_server(app: Starlette, host: str, port: int) -> GracefulServer:
         # No permessage-deflate: PCM barely compresses, and inflating every audio message was 3 %
         # of the event loop's time at 128 streams (and deflating them half of the load client's).
         ws_per_message_deflate=False,
-        timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5, log_level="info")
+        timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5, log_level="info",
+        ssl_certfile=settings.server.ssl_certfile, ssl_keyfile=settings.server.ssl_keyfile)
+    redact.install()  # after uvicorn.Config: it (re)configures the logging handlers
     return GracefulServer(config, app.state.streamer)
 
 
 @contextlib.contextmanager
 def running(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Serve `app` from a background thread (tests, benchmarks); yields its base URL
-    (`http://host:port`); on exit, shuts down gracefully as on SIGTERM."""
+    (`http://host:port`, `https://` with TLS); on exit, shuts down gracefully as on SIGTERM."""
     server = build_server(app, host, port)
     thread = threading.Thread(target=server.run, name="streamer-uvicorn", daemon=True)
     thread.start()
@@ -184,8 +194,9 @@ def running(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[
             raise RuntimeError("the server did not start (see its log)")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()
+    scheme = "https" if server.config.ssl_certfile else "http"
     try:
-        yield f"http://{bound[0]}:{bound[1]}"
+        yield f"{scheme}://{bound[0]}:{bound[1]}"
     finally:
         server.should_exit = True
         thread.join()

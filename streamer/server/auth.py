@@ -1,4 +1,5 @@
-"""API-key check: `Authorization: Bearer KEY` header or `?api_key=KEY` query parameter.
+"""API-key check: `Authorization: Bearer KEY` header, `?api_key=KEY` query parameter, or (WebSocket)
+the subprotocol `openai-insecure-api-key.KEY` that OpenAI's browser clients offer.
 
 HTTP requests are checked by `AuthMiddleware` (401 in OpenAI's error shape). WebSockets pass
 through it: a browser sees nothing of a refused handshake, so each WebSocket protocol accepts
@@ -15,6 +16,10 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+"""Prefix of the WebSocket subprotocol that carries a key (browsers cannot set headers)."""
+
+
 def presented_key(scope: Scope) -> str | None:
     """The key a request carries, header first; None when it carries none."""
     for name, value in scope.get("headers", []):
@@ -23,7 +28,12 @@ def presented_key(scope: Scope) -> str | None:
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key")
-    return values[0] if values else None
+    if values:
+        return values[0]
+    for offered in scope.get("subprotocols", ()):
+        if offered.startswith(KEY_SUBPROTOCOL) and len(offered) > len(KEY_SUBPROTOCOL):
+            return offered[len(KEY_SUBPROTOCOL):]
+    return None
 
 
 def authorized(scope: Scope, api_key: str | None) -> bool:
@@ -57,7 +67,7 @@ class AuthMiddleware:
             if self.on_refused is not None:
                 self.on_refused()
             body = error_body("missing or wrong API key: send `Authorization: Bearer KEY` or `?api_key=KEY`",
-                              "unauthorized")
+                              "invalid_api_key")
             await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -86,6 +86,14 @@ StreamEvent = Union[SpeechStarted, SpeechStopped, Partial, Committed, Finalized]
 Emit = Callable[[StreamEvent], None]
 
 
+def _cancel(handle: Handle) -> None:
+    """Cancel engine work whose result nobody will await (its task is cancelled with it): the
+    engine sets `Cancelled` on the handle's future, which is then marked as seen, not left for
+    asyncio to report ("Future exception was never retrieved") when it is collected."""
+    handle.cancel()
+    handle.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 @dataclass
 class _FinalJob:
     window: SubmitWindow
@@ -180,22 +188,27 @@ class Bridge:
         is delivered; then drop what is left."""
         self._dispatch(self.session.close())
         self._partial_next = None  # nothing is provisional any more
-        pending = [job.delivered.wait() for job in self._finals]
-        if pending:
-            try:
-                await asyncio.wait_for(asyncio.gather(*pending), timeout)
-            except asyncio.TimeoutError:
-                log.warning("session %s: finals not delivered within %.1f s", self.session_id, timeout)
+        # Tasks and asyncio.wait, not wait_for(gather(...)): a gather cancelled inside wait_for
+        # (the client went away) ends with an exception nobody retrieves, which asyncio logs.
+        waits = [asyncio.ensure_future(job.delivered.wait()) for job in self._finals]
+        try:
+            if waits:
+                _, late = await asyncio.wait(waits, timeout=timeout)
+                if late:
+                    log.warning("session %s: finals not delivered within %.1f s", self.session_id, timeout)
+        finally:
+            for wait in waits:
+                wait.cancel()
         self.close()
 
     def close(self) -> None:
         """Stop everything at once (the client is gone): cancel tasks and engine work."""
         self._partial_next = None
         if self._partial is not None:
-            self._partial[1].cancel()
+            _cancel(self._partial[1])
         for job in self._finals:
             if job.handle is not None:
-                job.handle.cancel()
+                _cancel(job.handle)
         for task in list(self._tasks):
             task.cancel()
         self._finals.clear()

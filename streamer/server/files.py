@@ -11,6 +11,7 @@ is checked by the app's `AuthMiddleware` (401) before a request gets here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -29,6 +31,7 @@ from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.model.tokenizer import TO_LANGUAGE_CODE
+from streamer.server import validation as v
 from streamer.server.auth import error_body
 
 log = logging.getLogger("streamer.server")
@@ -38,6 +41,7 @@ WHISPER_ALIAS = "whisper-1"
 MAX_FIELD_BYTES = 64 * 1024
 """Largest non-file form field (the prompt is the longest one that makes sense)."""
 GRANULARITIES = ("segment", "word")
+INCLUDES = ("logprobs",)
 DEFAULT_TEMPERATURES = DecodeOptions().temperatures
 TEMPERATURE_STEP = 0.2
 """A temperature t > 0 starts the fallback there and climbs by this step to 1.0 (openai's CLI)."""
@@ -70,6 +74,8 @@ class FileRequest:
     words: bool
     """Word timestamps (`timestamp_granularities[]=word`)."""
     stream: bool
+    logprobs: bool = False
+    """`include[]=logprobs`: the tokens' log probabilities in the json response."""
 
 
 # --- endpoints -------------------------------------------------------------------------------------
@@ -120,7 +126,7 @@ async def _transcribe(request: Request, task: str) -> Response:
     try:
         engine = _engine(request)
         max_bytes = int(limits.max_upload_mb * 2**20)
-        form = await _read_form(request, max_bytes)
+        form = await _read_form(request, max_bytes, limits.upload_idle_timeout_s)
         req = _parse(form, engine, task, limits.mode)
         audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes)
         await form.close()  # the samples are in memory now: the temporary file can go
@@ -132,6 +138,8 @@ async def _transcribe(request: Request, task: str) -> Response:
         transcript = await transcribe_long(engine, audio, **run)
         _observe(state, transcript, started)
         body = render(transcript, req.response_format, segments=req.segments, words=req.words)
+        if req.logprobs:
+            body["logprobs"] = _logprobs(transcript, engine.tokenizer)
         if isinstance(body, dict):
             return JSONResponse(body)
         return Response(body, media_type=MEDIA_TYPES[req.response_format])
@@ -144,6 +152,9 @@ async def _transcribe(request: Request, task: str) -> Response:
         return _refuse(request, _shutting_down())
     except EngineUnavailable as e:
         return _refuse(request, _unavailable(e))
+    except ClientGone:
+        log.info("an upload's client disconnected before its body arrived")
+        return Response(status_code=400)  # never read: the connection is gone
     finally:
         if form is not None:
             await form.close()
@@ -183,9 +194,14 @@ def _sse(event: dict) -> str:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-async def _read_form(request: Request, max_bytes: int) -> FormData:
+class ClientGone(Exception):
+    """The client disconnected before its upload arrived: there is nobody to answer."""
+
+
+async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) -> FormData:
     """The multipart form, its file spooled to a temporary file; 413 as soon as the body passes
-    `max_bytes` (declared or counted)."""
+    `max_bytes` (declared or counted), 408 when it stalls for `idle_timeout_s`, `ClientGone` when
+    the client leaves. On every failure the temporary file is closed (so removed) at once."""
     too_large = ApiError(413, f"the upload is larger than the {max_bytes / 2**20:g} MB limit", "file_too_large",
                          param="file")
     declared = request.headers.get("content-length")
@@ -194,19 +210,33 @@ async def _read_form(request: Request, max_bytes: int) -> FormData:
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise ApiError(400, "send the audio as multipart/form-data with a `file` field", "invalid_request")
     received = 0
+    failure: Exception | None = None
 
     async def receive():
-        nonlocal received
-        message = await request.receive()
+        # Failures are raised as MultiPartException: the only exception on which Starlette's
+        # parser closes the files it has opened.
+        nonlocal received, failure
+        try:
+            message = await asyncio.wait_for(request.receive(), idle_timeout_s)
+        except asyncio.TimeoutError:
+            failure = ApiError(408, f"the upload stalled: no data for {idle_timeout_s:g} s", "upload_timeout",
+                               param="file")
+            raise MultiPartException(failure.message) from None
+        if message["type"] == "http.disconnect":
+            failure = ClientGone()
+            raise MultiPartException("client disconnected")
         received += len(message.get("body", b""))
         if received > max_bytes + MAX_FIELD_BYTES:  # the form fields ride along with the file
-            raise too_large
+            failure = too_large
+            raise MultiPartException(too_large.message)
         return message
 
     try:
         return await Request(request.scope, receive).form(max_files=1, max_fields=32, max_part_size=MAX_FIELD_BYTES)
-    except HTTPException as e:  # Starlette's multipart errors
-        raise ApiError(400, f"malformed multipart body: {e.detail}", "invalid_request") from None
+    except (HTTPException, MultiPartException) as e:  # ours, or Starlette's multipart errors
+        if failure is not None:
+            raise failure from None
+        raise ApiError(400, f"malformed multipart body: {getattr(e, 'detail', e)}", "invalid_request") from None
 
 
 def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
@@ -223,7 +253,10 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
         raise ApiError(400, "`file` is required: the audio file to transcribe", "missing_file", param="file")
     tok = engine.tokenizer
     served = _served_names(engine)
-    model = text("model", engine.model_name)
+    model = text("model")
+    if model is None:  # as OpenAI: the SDKs always send one
+        raise ApiError(400, f"`model` is required; use one of: {', '.join(served)}", "missing_required_parameter",
+                       param="model")
     if model not in served:
         raise ApiError(400, f"model {model!r} is not served here; use one of: {', '.join(served)}",
                        "model_not_found", param="model")
@@ -249,11 +282,92 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     stream = (text("stream", "false") or "false").lower()
     if stream not in ("true", "false"):
         raise ApiError(400, f"stream must be true or false, not {stream!r}", "invalid_value", param="stream")
+    include = [i.strip() for key in ("include[]", "include") for i in form.getlist(key) if isinstance(i, str)]
+    bad = [i for i in include if i not in INCLUDES]
+    if bad:
+        raise ApiError(400, f"include must be among {', '.join(INCLUDES)}, not {bad[0]!r}", "invalid_value",
+                       param="include")
+    logprobs = "logprobs" in include
+    if logprobs and response_format != "json":
+        raise ApiError(400, "include=logprobs needs response_format=json", "invalid_value", param="include")
+    _chunking_strategy(form)
     options = DecodeOptions(task=task, language=_language(text("language"), tok), prompt=text("prompt"),
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,
-                       stream=stream == "true")
+                       stream=stream == "true", logprobs=logprobs)
+
+
+def _chunking_strategy(form: FormData) -> None:
+    """OpenAI's `chunking_strategy`: `auto`, or `{"type": "server_vad", ...}` as JSON text or as
+    bracketed fields (`chunking_strategy[type]`). Validated, then served by the long-form
+    segmentation (docs/protocol.md, section 4): this server always cuts long audio into windows
+    itself, so both values behave alike and the VAD parameters do not change the cuts."""
+    fields = {k[len("chunking_strategy["):-1]: v for k, v in form.multi_items()
+              if k.startswith("chunking_strategy[") and k.endswith("]") and isinstance(v, str)}
+    raw = form.get("chunking_strategy")
+    if raw is None and not fields:
+        return
+    try:
+        if isinstance(raw, str) and raw.strip() != "auto":
+            value = v.parse_json(raw, "chunking_strategy")
+            if not isinstance(value, dict):
+                raise v.ValidationError("chunking_strategy", "must be \"auto\" or an object")
+            fields = value
+        elif raw is not None and not isinstance(raw, str):
+            raise v.ValidationError("chunking_strategy", "must be a text field")
+        if fields:
+            v.choice(fields.get("type"), "chunking_strategy.type", ("server_vad",))
+            for name, low, high in (("prefix_padding_ms", 0, 10000), ("silence_duration_ms", 0, 10000)):
+                if name in fields:
+                    v.number(_form_number(fields[name]), f"chunking_strategy.{name}", low, high, integer=True)
+            if "threshold" in fields:
+                v.number(_form_number(fields["threshold"]), "chunking_strategy.threshold", 0, 1,
+                         open_low=True, open_high=True)
+    except v.ValidationError as e:
+        raise ApiError(400, f"{e.field}: {e.message}", "invalid_value", param="chunking_strategy") from None
+
+
+def _form_number(value):
+    """A number from a JSON object (as is) or from a bracketed form field (text)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return int(value) if value.strip().lstrip("-").isdigit() else float(value)
+    except ValueError:
+        return value
+
+
+def _logprobs(transcript: Transcript, tok) -> list[dict]:
+    """OpenAI's `logprobs` of a json transcription: per text token its text, log probability and bytes."""
+    out = []
+    for segment in transcript.segments:
+        for token, logprob in zip(segment.tokens, segment.token_logprobs):
+            raw = _token_bytes(tok, token)
+            out.append({"token": raw.decode("utf-8", "replace"), "logprob": round(logprob, 6), "bytes": list(raw)})
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-unicode map, which Whisper's byte-level BPE vocabulary uses."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _token_bytes(tok, token: int) -> bytes:
+    piece = tok.hf.id_to_token(token) or ""
+    decoder = _byte_decoder()
+    if all(ch in decoder for ch in piece):
+        return bytes(decoder[ch] for ch in piece)
+    return tok.decode([token]).encode()
 
 
 def _language(language: str | None, tok) -> str | None:
@@ -276,11 +390,10 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
     if value is None:
         return DEFAULT_TEMPERATURES
     try:
-        t = float(value)
-    except ValueError:
-        raise ApiError(400, f"temperature must be a number, not {value!r}", "invalid_value", param="temperature") from None
-    if not 0.0 <= t <= 1.0:
-        raise ApiError(400, f"temperature must be between 0 and 1, not {t:g}", "invalid_value", param="temperature")
+        t = v.number_text(value, "temperature", 0.0, 1.0)
+    except v.ValidationError as e:
+        raise ApiError(400, f"temperature must be a number from 0 to 1: {e.message}", "invalid_value",
+                       param="temperature") from None
     if t == 0.0:
         return DEFAULT_TEMPERATURES
     steps = int((1.0 - t) / TEMPERATURE_STEP + 1e-6)
@@ -288,13 +401,13 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
 
 
 def _decode(upload: UploadFile, max_seconds: float, max_bytes: int):
-    """Samples of the upload (worker thread); 413 over the duration limit, 415 when not audio."""
+    """Samples of the upload (worker thread); 413 over the duration limit, 400 when not audio."""
     try:
         return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload")
     except AudioTooLarge as e:
         raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
-    except AudioDecodeError as e:
-        raise ApiError(415, str(e), "unsupported_media", param="file") from None
+    except AudioDecodeError as e:  # OpenAI answers 400 (the SDKs raise BadRequestError)
+        raise ApiError(400, str(e), "invalid_file_format", param="file") from None
 
 
 # --- helpers ----------------------------------------------------------------------------------------

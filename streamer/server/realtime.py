@@ -25,7 +25,6 @@ import base64
 import binascii
 import dataclasses
 import functools
-import json
 import logging
 import secrets
 from collections import deque
@@ -36,10 +35,12 @@ from starlette.websockets import WebSocket
 
 from streamer.audio.decode import StreamResampler
 from streamer.config import StreamingConfig
+from streamer.server import validation as v
 from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
 from streamer.server.state import ServerState
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server.stream import ProtocolError, model_info, parse_language
+from streamer.server.validation import ValidationError
 from streamer.streaming.events import Partial, SpeechStarted, SpeechStopped
 from streamer.streaming.session import Session
 
@@ -54,6 +55,12 @@ DEFAULT_RATE = 24000
 MIN_RATE, MAX_RATE = 8000, 48000
 MIN_COMMIT_S = 0.1
 """A manual commit of less audio than this is `input_audio_buffer_commit_empty` (as OpenAI)."""
+MAX_ERROR_CHARS = 300
+"""Longest error message (it may quote what the client sent)."""
+MAX_ID_CHARS = 64
+"""Longest client `event_id` echoed in an error."""
+MAX_PROMPT_CHARS = 4096
+"""Longest transcription prompt (Whisper's prompt holds at most 223 tokens)."""
 NEVER_MS = 10**9
 """`min_silence_ms` of the manual mode's VAD: silence never ends an item."""
 
@@ -152,10 +159,14 @@ class RealtimeStream(SocketStream):
         self._event("transcription_session.created" if self.beta else "session.created", session=self._session_wire())
         self._receiver = asyncio.ensure_future(self._receive_loop())
         await asyncio.wait([self._receiver])
-        reason = "shutdown" if self._receiver.cancelled() else self._receiver.result()
+        if self._receiver.cancelled():
+            reason = "error" if self.stuck else "shutdown"
+        else:
+            reason = self._receiver.result()
         if reason in ("disconnect", "error"):
             for seg in self._segs.values():
                 seg.bridge.close()
+                seg.resampler.close()
             for task in self._retiring:
                 task.cancel()
             if reason == "disconnect":
@@ -167,12 +178,18 @@ class RealtimeStream(SocketStream):
             await asyncio.wait(self._retiring, timeout=timeout)
         self._outbox.close(1001 if reason == "shutdown" else 1000)
 
+    def _subprotocol(self) -> str | None:
+        # OpenAI's browser-style clients offer `realtime` (and the key as a second subprotocol):
+        # the handshake fails unless the server selects one of them.
+        return "realtime" if "realtime" in self.ws.scope.get("subprotocols", ()) else None
+
     def _event(self, type_: str, **fields: Any) -> None:
         self._outbox.send({"type": type_, "event_id": _id("event_"), **fields})
 
     def _error(self, type_: str, code: str, message: str, param: str | None = None,
                client_event: str | None = None) -> None:
         self.state.metrics.errors.labels(code).inc()
+        message = message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "..."
         self._event("error", error={"type": type_, "code": code, "message": message, "param": param,
                                     "event_id": client_event})
 
@@ -205,20 +222,19 @@ class RealtimeStream(SocketStream):
                 return "error"
             try:
                 self._on_text(text)
-            except Exception as e:  # a bug: tell the client, keep the server up
-                log.exception("realtime %s: internal error", self.session_id)
-                self._fatal("server_error", "internal_error", f"internal error: {type(e).__name__}", 1011)
-                return "error"
+            except Exception as e:  # a bug: the event is refused, the session goes on
+                log.exception("realtime %s: internal error on a client event", self.session_id)
+                self._error("server_error", "internal_error", f"internal error: {type(e).__name__}")
 
     def _on_text(self, text: str) -> None:
         try:
-            msg = json.loads(text)
-        except ValueError as e:
-            return self._error("invalid_request_error", "invalid_json", f"not valid JSON: {e}")
+            msg = v.parse_json(text)
+        except ValidationError as e:
+            return self._error("invalid_request_error", "invalid_json", e.message)
         if not isinstance(msg, dict):
             return self._error("invalid_request_error", "invalid_json", "an event must be a JSON object")
         kind, client_event = msg.get("type"), msg.get("event_id")
-        client_event = client_event if isinstance(client_event, str) else None
+        client_event = client_event if isinstance(client_event, str) and len(client_event) <= MAX_ID_CHARS else None
         try:
             if kind == "input_audio_buffer.append":
                 self._append(msg.get("audio"))
@@ -229,10 +245,12 @@ class RealtimeStream(SocketStream):
             elif kind in ("session.update", "transcription_session.update"):
                 self._update(msg.get("session"), beta=kind.startswith("transcription_session"))
             else:
-                self._error("invalid_request_error", "unknown_event", f"unsupported event type {kind!r}",
+                self._error("invalid_request_error", "unknown_event", f"unsupported event type {v.show(kind)}",
                             client_event=client_event)
         except InvalidValue as e:
             self._error("invalid_request_error", e.code, e.message, e.param, client_event)
+        except ValidationError as e:
+            self._error("invalid_request_error", "invalid_value", f"{e.field}: {e.message}", e.field, client_event)
 
     def _append(self, audio: Any) -> None:
         if not isinstance(audio, str):
@@ -243,6 +261,7 @@ class RealtimeStream(SocketStream):
             raise InvalidValue("`audio` is not valid base64", "audio", "invalid_audio") from None
         if len(data) % 2:
             raise InvalidValue(f"{len(data)} bytes is not a whole number of 16-bit samples", "audio", "invalid_audio")
+        self.audio_seen = True
         seg = self._seg or self._begin()
         seg.bridge.feed(seg.resampler.push(data))
 
@@ -291,7 +310,7 @@ class RealtimeStream(SocketStream):
 
     def _parse_ga(self, session: dict) -> RealtimeConfig:
         if session.get("type", "transcription") != "transcription":
-            raise InvalidValue(f"session.type {session.get('type')!r} is not supported: this server only transcribes",
+            raise InvalidValue(f"session.type {v.show(session.get('type'))} is not supported: this server only transcribes",
                                "session.type", "unsupported_session_type")
         audio = _object(session, "audio", "session")
         inp = _object(audio, "input", "session.audio")
@@ -299,7 +318,7 @@ class RealtimeStream(SocketStream):
         if "format" in inp:
             fmt = _object(inp, "format", "session.audio.input")
             if fmt.get("type", "audio/pcm") != "audio/pcm":
-                raise InvalidValue(f"format {fmt.get('type')!r} is not supported (only audio/pcm)",
+                raise InvalidValue(f"format {v.show(fmt.get('type'))} is not supported (only audio/pcm)",
                                    "session.audio.input.format.type")
             if "rate" in fmt:
                 config = dataclasses.replace(config, rate=_rate(fmt["rate"], "session.audio.input.format.rate"))
@@ -313,7 +332,7 @@ class RealtimeStream(SocketStream):
         config = self.config
         if "input_audio_format" in session:
             if session["input_audio_format"] != "pcm16":
-                raise InvalidValue(f"input_audio_format {session['input_audio_format']!r} is not supported "
+                raise InvalidValue(f"input_audio_format {v.show(session['input_audio_format'])} is not supported "
                                    "(only pcm16)", "session.input_audio_format")
             config = dataclasses.replace(config, rate=DEFAULT_RATE)
         if "input_audio_transcription" in session:
@@ -336,9 +355,8 @@ class RealtimeStream(SocketStream):
                 raise InvalidValue(e.message, f"{param}.language") from None
             config = dataclasses.replace(config, language=language)
         if "prompt" in value:
-            if not isinstance(value["prompt"], str):
-                raise InvalidValue("prompt must be a string", f"{param}.prompt")
-            config = dataclasses.replace(config, prompt=value["prompt"])
+            prompt = v.string(value["prompt"], f"{param}.prompt", max_length=MAX_PROMPT_CHARS)
+            config = dataclasses.replace(config, prompt=prompt)
         return config
 
     def _turn_detection(self, config: RealtimeConfig, value: Any, param: str) -> RealtimeConfig:
@@ -347,7 +365,7 @@ class RealtimeStream(SocketStream):
         if not isinstance(value, dict):
             raise InvalidValue(f"{param} must be an object or null", param)
         if value.get("type", "server_vad") != "server_vad":
-            raise InvalidValue(f"turn_detection.type {value.get('type')!r} is not supported (only server_vad)",
+            raise InvalidValue(f"turn_detection.type {v.show(value.get('type'))} is not supported (only server_vad)",
                                f"{param}.type")
         vad = self.state.settings.streaming.vad
         current = config.turn_detection or TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms)
@@ -365,8 +383,12 @@ class RealtimeStream(SocketStream):
             return {"id": self.session_id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
                     "input_audio_transcription": transcription, "turn_detection": turn,
                     "input_audio_noise_reduction": None, "include": []}
+        # GA: no `noise_reduction` and no `language: null` (the SDKs' types allow neither null);
+        # an absent language means detection, as in OpenAI's own sessions.
+        if c.language is None:
+            del transcription["language"]
         return {"object": "realtime.session", "type": "transcription", "id": self.session_id,
-                "audio": {"input": {"format": {"type": "audio/pcm", "rate": c.rate}, "noise_reduction": None,
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": c.rate},
                                     "transcription": transcription, "turn_detection": turn}},
                 "include": []}
 
@@ -496,21 +518,11 @@ def _object(parent: dict, name: str, where: str) -> dict:
 
 
 def _rate(value: Any, param: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not MIN_RATE <= value <= MAX_RATE:
-        raise InvalidValue(f"rate must be a whole number of Hz from {MIN_RATE} to {MAX_RATE}, not {json.dumps(value)}",
-                           param)
-    return value
+    return v.integer(value, param, MIN_RATE, MAX_RATE)
 
 
 def _range(obj: dict, name: str, low: float, high: float, default, where: str, *, integer: bool = False,
            open_ends: bool = False):
     if name not in obj or obj[name] is None:
         return default
-    value = obj[name]
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (not integer or value == int(value))
-    inside = ok and (low < value < high if open_ends else low <= value <= high)
-    if not inside:
-        bounds = f"{low} < x < {high}" if open_ends else f"{low}..{high}"
-        kind = "a whole number" if integer else "a number"
-        raise InvalidValue(f"{name} must be {kind} in {bounds}, not {json.dumps(value)}", f"{where}.{name}")
-    return int(value) if integer else float(value)
+    return v.number(obj[name], f"{where}.{name}", low, high, open_low=open_ends, open_high=open_ends, integer=integer)

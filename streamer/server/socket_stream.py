@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from starlette.websockets import WebSocket
 
@@ -22,24 +23,91 @@ FINISH_TIMEOUT_S = 60.0
 """How long a stream that ends waits for the finals still in the engine."""
 
 
+SHUTDOWN_FLUSH_S = 1.0
+"""At shutdown, how long a stream's last events and close frame may take to leave."""
+CLOSE_WAIT_S = 5.0
+"""How long a client that does not read has, after the server gives up on it, to take the close
+frame (and answer it) before the TCP connection is aborted."""
+
+
+def abort_transport(scope: dict) -> bool:
+    """Drop the connection at once (TCP reset), for a client that takes nothing any more; False
+    where the server gives no access to its transport (then it closes when the client goes)."""
+    abort = scope.get("streamer.abort")
+    if abort is None:
+        return False
+    abort()
+    return True
+
+
+class TransportTap:
+    """ASGI middleware: notes how to abort a WebSocket's TCP connection in its scope
+    (`streamer.abort`). uvicorn's WebSocket protocol object is the `send` it hands the app;
+    another server simply gets no tap."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if transport is not None and hasattr(transport, "abort"):
+                scope["streamer.abort"] = transport.abort
+        await self.app(scope, receive, send)
+
+
 class Outbox:
     """Messages for one WebSocket, sent in order by one task, so that no caller awaits the
-    socket; `close(code)` sends a close frame after what is queued and ends the task."""
+    socket; `close(code)` sends a close frame after what is queued and ends the task.
 
-    def __init__(self, ws: WebSocket):
+    Bounded: a client that stops reading (its socket stays full) gets no more than `max_bytes`
+    of queued events, and no new event once one has waited `send_timeout_s`; past either the outbox is
+    `stuck`, drops what it holds, calls `on_stuck`, closes with 1008 and the reason (if the
+    client takes the frame within `CLOSE_WAIT_S`), else aborts the connection.
+    """
+
+    def __init__(self, ws: WebSocket, *, max_bytes: int = 4 << 20, send_timeout_s: float = 20.0,
+                 on_stuck=None):
         self.ws = ws
+        self.max_bytes = max_bytes
+        self.send_timeout_s = send_timeout_s
+        self.on_stuck = on_stuck
+        """Called once, with the reason, when the client is found not to read."""
+        self.stuck: str | None = None
+        self.queued_bytes = 0
+        self._sending_since: float | None = None
+        """When the message being sent was handed to the socket (None: not sending)."""
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task = asyncio.ensure_future(self._run())
 
     def send(self, message: dict) -> None:
-        self._queue.put_nowait(message)
+        if self.stuck is not None:
+            return
+        text = json.dumps(message)
+        self.queued_bytes += len(text)
+        if self.queued_bytes > self.max_bytes:
+            self._give_up(f"the client is not reading: {self.queued_bytes} bytes of events are waiting")
+            return
+        # The time bound is checked here, as events come, rather than with a timer per send (a
+        # task or timer per event costs the event loop at hundreds of streams); a stuck socket
+        # with nothing more to send holds no more memory.
+        if self._sending_since is not None and time.monotonic() - self._sending_since > self.send_timeout_s:
+            self._give_up(f"the client is not reading: no event taken for {self.send_timeout_s:g} s")
+            return
+        self._queue.put_nowait(text)
 
     def close(self, code: int) -> None:
-        self._queue.put_nowait(code)
+        if self.stuck is None:
+            self._queue.put_nowait(code)
 
     def abandon(self) -> None:
         """The client is gone: stop after what is queued, without a close frame."""
         self._queue.put_nowait(None)
+
+    async def flushed(self, timeout: float) -> None:
+        """Until the sender has sent what was queued up to its close (or `timeout`), without
+        cancelling it."""
+        await asyncio.wait([self._task], timeout=timeout)
 
     async def wait(self, timeout: float) -> None:
         """Until the close is sent (or the client is gone); cancels the sender after `timeout`."""
@@ -47,6 +115,31 @@ class Outbox:
             await asyncio.wait_for(self._task, timeout)
         except asyncio.TimeoutError:
             pass
+
+    def _give_up(self, reason: str) -> None:
+        if self.stuck is not None:
+            return
+        self.stuck = reason
+        log.warning("closing a WebSocket: %s", reason)
+        while not self._queue.empty():  # free the backlog now
+            self._queue.get_nowait()
+        self.queued_bytes = 0
+        self._task.cancel()  # blocked waiting for the socket to drain: no frame is half-written
+        self._task = asyncio.ensure_future(self._close_stuck(reason))
+        if self.on_stuck is not None:
+            self.on_stuck(reason)
+
+    async def _close_stuck(self, reason: str) -> None:
+        """The close frame with the reason, then, `CLOSE_WAIT_S` after giving up, a TCP abort:
+        once its close frame is out uvicorn reads and discards whatever the client still sends
+        until the client answers the close, which a client that does not read never does."""
+        give_up = asyncio.get_running_loop().time() + CLOSE_WAIT_S
+        try:
+            await asyncio.wait_for(self.ws.close(1008, reason[:120]), CLOSE_WAIT_S)
+        except Exception:  # not sent in time, or the client is gone already
+            pass
+        await asyncio.sleep(max(0.0, give_up - asyncio.get_running_loop().time()))
+        abort_transport(self.ws.scope)
 
     async def _run(self) -> None:
         while True:
@@ -57,7 +150,10 @@ class Outbox:
                 if isinstance(item, int):
                     await self.ws.close(item)
                     return
-                await self.ws.send_text(json.dumps(item))
+                self.queued_bytes -= len(item)
+                self._sending_since = time.monotonic()
+                await self.ws.send_text(item)
+                self._sending_since = None
             except Exception:  # the client went away: nothing more can be sent
                 return
 
@@ -78,27 +174,54 @@ class SocketStream:
         self._grace: float | None = None
         """Set by shutdown(): how long open utterances may still take."""
         self._done = asyncio.Event()
+        self.stuck = False
+        """The client stopped reading and is being closed (the receiver was cancelled for it)."""
+        self.audio_seen = False
+        """The client has sent audio (the subclass sets it); until then `first_audio_timeout_s` runs."""
+        self._opened = time.monotonic()
 
     async def run(self) -> None:
-        await self.ws.accept()
-        self._outbox = Outbox(self.ws)
+        await self.ws.accept(subprotocol=self._subprotocol())
+        server = self.state.settings.server
+        self._outbox = Outbox(self.ws, max_bytes=server.max_outbox_bytes, send_timeout_s=server.send_timeout_s,
+                              on_stuck=self._on_stuck)
+        address = self.ws.client.host if self.ws.client else None
         try:
-            if not authorized(self.ws.scope, self.state.settings.server.api_key):
+            if not authorized(self.ws.scope, server.api_key):
                 self._refuse("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or "
                              "`?api_key=KEY`", 1008)
-            elif (refusal := self.state.admit(self)) is not None:
+            elif (refusal := self.state.clients.acquire(address, server.max_connections_per_client)) is not None:
                 self._refuse("overloaded", refusal, 1013)
             else:
                 try:
-                    await self._serve()
-                except Exception as e:  # a bug: tell the client, keep the server up
-                    log.exception("%s %s: internal error", self.transport, self.session_id)
-                    self._refuse("internal", f"internal error: {type(e).__name__}", 1011)
+                    await self._admitted()
                 finally:
-                    self.state.release(self)
-                    self._done.set()
+                    self.state.clients.release(address)
         finally:
             await self._outbox.wait(FINISH_TIMEOUT_S)
+
+    async def _admitted(self) -> None:
+        if (refusal := self.state.admit(self)) is not None:
+            self._refuse("overloaded", refusal, 1013)
+            return
+        try:
+            await self._serve()
+        except Exception as e:  # a bug: tell the client, keep the server up
+            log.exception("%s %s: internal error", self.transport, self.session_id)
+            self._refuse("internal", f"internal error: {type(e).__name__}", 1011)
+        finally:
+            self.state.release(self)
+            self._done.set()
+
+    def _subprotocol(self) -> str | None:
+        """The WebSocket subprotocol to select (Realtime: `realtime`, as OpenAI's server does)."""
+        return None
+
+    def _on_stuck(self, reason: str) -> None:
+        """The client does not read: stop serving it (the outbox closes the connection)."""
+        self.stuck = True
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop reading, deliver the finals of open utterances within `grace_s`, close."""
@@ -106,14 +229,24 @@ class SocketStream:
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
         await self._done.wait()
+        # `closed` and the 1001 close frame must leave before uvicorn closes what is left (1012).
+        if self._outbox is not None:
+            await self._outbox.flushed(SHUTDOWN_FLUSH_S)
 
     async def _next_message(self) -> dict | str:
         """The client's next WebSocket message, or why none will come: `idle_timeout` (nothing
-        for `IDLE_TIMEOUT_S`) or `disconnect`."""
+        for `IDLE_TIMEOUT_S`), `no_audio` (no audio within `FIRST_AUDIO_TIMEOUT_S` of the
+        connection opening; other messages do not count) or `disconnect`."""
+        server = self.state.settings.server
+        timeout, why = server.idle_timeout_s, "idle_timeout"
+        if not self.audio_seen and server.first_audio_timeout_s:
+            left = self._opened + server.first_audio_timeout_s - time.monotonic()
+            if left < timeout:
+                timeout, why = max(0.0, left), "no_audio"
         try:
-            message = await asyncio.wait_for(self.ws.receive(), self.state.settings.server.idle_timeout_s)
+            message = await asyncio.wait_for(self.ws.receive(), timeout)
         except asyncio.TimeoutError:
-            return "idle_timeout"
+            return why
         return "disconnect" if message["type"] == "websocket.disconnect" else message
 
     async def _serve(self) -> None:

@@ -14,6 +14,7 @@ from typing import Protocol
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
+from streamer.server.limits import ClientLimits
 from streamer.server.loop_lag import LoopLag
 from streamer.server.metrics import Metrics
 
@@ -48,6 +49,8 @@ class ServerState:
     """Live streams by session id."""
     loop_lag: LoopLag = field(default_factory=LoopLag)
     """How late the event loop runs (the lifespan runs its monitor)."""
+    clients: ClientLimits = field(default_factory=ClientLimits)
+    """Live streams per client address (`max_connections_per_client`)."""
 
     def admit(self, stream: LiveStream) -> str | None:
         """Register a new stream; or why not (shutting down, at `max_sessions`, the event loop

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import math
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +21,9 @@ from streamer.audio.decode import StreamResampler
 from streamer.config import StreamingConfig, VADConfig
 from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
+from streamer.server import validation as v
 from streamer.server.state import ServerState
+from streamer.server.validation import ValidationError, show
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -34,7 +34,12 @@ MAX_FRAME_S = 5.0
 ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4}
 """Encoding -> bytes per sample."""
 
-# `vad` keys of the start message: (low, high, the low bound is exclusive).
+MAX_ERROR_CHARS = 300
+"""Longest `message` (and `field`) of an error event."""
+MAX_LANGUAGE_CHARS = 32
+"""Longer than any language code or name."""
+
+# `vad` keys of the start message: (low, high, both bounds exclusive).
 _VAD_RANGES = {
     "threshold": (0.0, 1.0, True),
     "neg_threshold": (0.0, 1.0, True),
@@ -49,10 +54,12 @@ class ProtocolError(Exception):
     """A client message the protocol rejects; `code` is the wire error code."""
 
     def __init__(self, code: str, message: str, field: str | None = None):
+        # Capped: a message may quote what the client sent (a 1-MB field name, say).
+        message = message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "..."
         super().__init__(message)
         self.code = code
         self.message = message
-        self.field = field
+        self.field = field if field is None or len(field) <= MAX_ERROR_CHARS else field[:MAX_ERROR_CHARS] + "..."
 
     def event(self) -> dict:
         e = {"type": "error", "code": self.code, "message": self.message}
@@ -76,31 +83,20 @@ def _bad(name: str, message: str) -> ProtocolError:
     return ProtocolError("bad_field", f"{name}: {message}", name)
 
 
-def _number(msg: dict, name: str, low: float, high: float, *, integer: bool = False, open_low: bool = False,
-            label: str | None = None) -> float:
-    label = label or name
-    value = msg[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(label, f"must be a number, not {json.dumps(value)}")
-    if integer and value != int(value):
-        raise _bad(label, f"must be a whole number, not {value}")
-    if value < low or value > high or (open_low and value == low):
-        raise _bad(label, f"{value} is outside {low}..{high}" + (" (exclusive)" if open_low else ""))
-    return int(value) if integer else float(value)
-
-
-def _boolean(msg: dict, name: str) -> bool:
-    if not isinstance(msg[name], bool):
-        raise _bad(name, f"must be true or false, not {json.dumps(msg[name])}")
-    return msg[name]
+def _checked(check, *args, **kwargs):
+    """A `validation` helper's result, its ValidationError as ProtocolError(bad_field)."""
+    try:
+        return check(*args, **kwargs)
+    except ValidationError as e:
+        raise _bad(e.field, e.message) from None
 
 
 def parse_language(value: Any, multilingual: bool, known: set[str], label: str = "language") -> str | None:
     """`null`/`"auto"` -> None (detect); English-only models take only `en` (or nothing)."""
     if value is None or value == "auto":
         return None
-    if not isinstance(value, str):
-        raise _bad(label, f"must be a language code or null, not {json.dumps(value)}")
+    if not isinstance(value, str) or len(value) > MAX_LANGUAGE_CHARS:
+        raise _bad(label, f"must be a language code or null, not {show(value)}")
     code = value.strip().lower()
     if not multilingual and code != "en":
         raise _bad(label, f"the served model is English-only: {value!r} is not available (use null, auto or en)")
@@ -123,43 +119,40 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
     rate, encoding, channels = 16000, "pcm_s16le", 1
     if audio_fields:
         if "sample_rate" in msg:
-            rate = _number(msg, "sample_rate", 8000, 192000, integer=True)
+            rate = _checked(v.integer, msg["sample_rate"], "sample_rate", 8000, 192000)
         if "encoding" in msg:
-            encoding = msg["encoding"]
-            if encoding not in ENCODINGS:
-                raise _bad("encoding", f"must be one of {', '.join(ENCODINGS)}, not {json.dumps(encoding)}")
+            encoding = _checked(v.choice, msg["encoding"], "encoding", ENCODINGS)
         if "channels" in msg:
-            channels = _number(msg, "channels", 1, 8, integer=True)
+            channels = _checked(v.integer, msg["channels"], "channels", 1, 8)
     changes: dict[str, Any] = {}
     if "language" in msg:
         changes["language"] = parse_language(msg["language"], multilingual, known_languages)
     if "task" in msg:
-        if msg["task"] not in ("transcribe", "translate"):
-            raise _bad("task", f"must be transcribe or translate, not {json.dumps(msg['task'])}")
+        _checked(v.choice, msg["task"], "task", ("transcribe", "translate"))
         if msg["task"] == "translate" and not multilingual:
             raise _bad("task", "translate needs a multilingual model; the served model is English-only")
         changes["task"] = msg["task"]
     if "partials" in msg:
-        changes["partials"] = _boolean(msg, "partials")
+        changes["partials"] = _checked(v.boolean, msg["partials"], "partials")
     if "partial_interval_ms" in msg:
-        changes["partial_interval_s"] = _number(msg, "partial_interval_ms", 100, 10000) / 1000.0
+        changes["partial_interval_s"] = _checked(v.number, msg["partial_interval_ms"], "partial_interval_ms",
+                                                 100, 10000) / 1000.0
     if "condition_on_previous" in msg:
-        changes["condition_on_previous"] = _boolean(msg, "condition_on_previous")
+        changes["condition_on_previous"] = _checked(v.boolean, msg["condition_on_previous"], "condition_on_previous")
     if "vad" in msg:
         changes["vad"] = parse_vad(msg["vad"], defaults.vad)
     return StartOptions(rate, encoding, channels, dataclasses.replace(defaults, **changes))
 
 
 def parse_vad(vad: Any, defaults: VADConfig) -> VADConfig:
-    if not isinstance(vad, dict):
-        raise _bad("vad", f"must be an object, not {json.dumps(vad)}")
+    vad = _checked(v.obj, vad, "vad")
     values: dict[str, Any] = {}
     for name in vad:
         if name not in _VAD_RANGES:
             raise _bad(f"vad.{name}", "unknown field")
-        low, high, open_low = _VAD_RANGES[name]
-        values[name] = _number(vad, name, low, high, integer=name.endswith("_ms"), open_low=open_low,
-                               label=f"vad.{name}")
+        low, high, open_ends = _VAD_RANGES[name]
+        values[name] = _checked(v.number, vad[name], f"vad.{name}", low, high, open_low=open_ends,
+                                open_high=open_ends, integer=name.endswith("_ms"))
     config = dataclasses.replace(defaults, **values)
     if config.neg_threshold is not None and config.neg_threshold >= config.threshold:
         raise _bad("vad.neg_threshold", f"{config.neg_threshold} must be below threshold {config.threshold}")
@@ -169,9 +162,9 @@ def parse_vad(vad: Any, defaults: VADConfig) -> VADConfig:
 def parse_message(text: str) -> tuple[str, dict]:
     """A client text message -> (type, message); ProtocolError bad_json / unknown_type."""
     try:
-        msg = json.loads(text)
-    except ValueError as e:
-        raise ProtocolError("bad_json", f"not valid JSON: {e}") from None
+        msg = v.parse_json(text)
+    except ValidationError as e:
+        raise ProtocolError("bad_json", e.message) from None
     if not isinstance(msg, dict):
         raise ProtocolError("bad_json", "a message must be a JSON object")
     kind = msg.get("type")
@@ -217,12 +210,13 @@ class NativeStream(SocketStream):
         self._receiver = asyncio.ensure_future(self._receive_loop())
         await asyncio.wait([self._receiver])
         if self._receiver.cancelled():
-            reason = "shutdown" if self._grace is not None and not self._failed else "error"
+            reason = "shutdown" if self._grace is not None and not self._failed and not self.stuck else "error"
         else:
             reason = self._receiver.result()
         if reason == "disconnect" or reason == "error":
             if self._bridge is not None:
                 self._bridge.close()
+                self._resampler.close()
             if reason == "disconnect":
                 self._outbox.abandon()
             return
@@ -274,10 +268,9 @@ class NativeStream(SocketStream):
                     self._fatal(e.code, e.message, 1013)
                     return "error"
                 self._send(e.event())
-            except Exception as e:  # a bug: tell the client, keep the server up
-                log.exception("session %s: internal error", self.session_id)
-                self._fatal("internal", f"internal error: {type(e).__name__}", 1011)
-                return "error"
+            except Exception as e:  # a bug: the message is refused, the stream goes on
+                log.exception("session %s: internal error on a client message", self.session_id)
+                self._send({"type": "error", "code": "internal", "message": f"internal error: {type(e).__name__}"})
 
     def _on_text(self, text: str) -> bool:
         """Handle one text message; True when it was `stop`."""
@@ -322,6 +315,7 @@ class NativeStream(SocketStream):
                                              f"sample frames, not {len(data)} bytes")
         if len(data) // frame_bytes > MAX_FRAME_S * start.sample_rate:
             raise ProtocolError("bad_frame", f"a frame may hold at most {MAX_FRAME_S:g} s of audio")
+        self.audio_seen = True
         self._bridge.feed(self._resampler.push(data))
 
     def _emit(self, event: StreamEvent) -> None:

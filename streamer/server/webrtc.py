@@ -28,6 +28,7 @@ from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S
 from streamer.server.state import ServerState
 from streamer.server.stream import ProtocolError, StartOptions, event_dict, model_info, parse_message, parse_start
+from streamer.server.validation import ValidationError, parse_json
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -38,6 +39,8 @@ DRAIN_POLL_S = 0.02
 DRAIN_LIMIT_S = 2.0
 """Before closing the peer connection, wait this long at most for the data channel to send
 what it holds (`closed` must reach the client)."""
+MAX_OFFER_BYTES = 256 * 1024
+"""Largest offer body (an SDP offer is a few KB): read no further than this."""
 
 
 def ice_servers_from_env(env: Mapping[str, str]) -> list[dict]:
@@ -67,9 +70,12 @@ class WebRtcStream:
 
     transport = "webrtc"
 
-    def __init__(self, state: ServerState, start: StartOptions):
+    def __init__(self, state: ServerState, start: StartOptions, address: str | None = None):
         self.state = state
         self.session_id = secrets.token_hex(8)
+        self.address = address
+        self._counted = True
+        """`address` is counted in `state.clients` (offer_endpoint acquired it) until close()."""
         multilingual, _ = model_info(state)
         self.language = start.streaming.language if multilingual else "en"
         self.task = start.streaming.task
@@ -148,6 +154,9 @@ class WebRtcStream:
                 raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
         except ProtocolError as e:
             self._send(e.event())
+        except Exception as e:  # a bug: the message is refused, the stream goes on
+            log.exception("webrtc %s: internal error on a client message", self.session_id)
+            self._send({"type": "error", "code": "internal", "message": f"internal error: {type(e).__name__}"})
 
     def _emit(self, event: StreamEvent) -> None:
         if isinstance(event, Finalized) and event.error is not None:
@@ -215,6 +224,9 @@ class WebRtcStream:
 
     async def close(self) -> None:
         self.state.release(self)
+        if self._counted:
+            self._counted = False
+            self.state.clients.release(self.address)
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
@@ -233,9 +245,14 @@ async def config_endpoint(request: Request) -> JSONResponse:
 
 async def offer_endpoint(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.streamer
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_OFFER_BYTES:
+            return _error(413, "too_large", f"an offer may hold at most {MAX_OFFER_BYTES} bytes", state=state)
     try:
-        body = await request.json()
-    except ValueError:
+        body = parse_json(raw)
+    except ValidationError:
         return _error(400, "bad_sdp", "the body must be JSON: {sdp, type, start}", state=state)
     if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
         return _error(400, "bad_sdp", "expected {\"type\": \"offer\", \"sdp\": \"...\"}", state=state)
@@ -254,7 +271,11 @@ async def offer_endpoint(request: Request) -> JSONResponse:
     if state.engine_saturated():
         return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"},
                       state=state)
-    stream = WebRtcStream(state, start)
+    address = request.client.host if request.client else None
+    refusal = state.clients.acquire(address, state.settings.server.max_connections_per_client)
+    if refusal is not None:
+        return _error(503, "overloaded", refusal, headers={"Retry-After": "5"}, state=state)
+    stream = WebRtcStream(state, start, address)
     refusal = state.admit(stream)
     if refusal is not None:
         await stream.close()

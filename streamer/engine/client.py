@@ -26,7 +26,6 @@ import os
 import time
 import uuid
 from collections import Counter
-from typing import AsyncIterator
 
 import numpy as np
 import zmq
@@ -35,53 +34,22 @@ import zmq.asyncio
 from streamer.config import EngineConfig
 from streamer.engine import protocol as p
 from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
+from streamer.engine.handle import Handle
 from streamer.engine.request import DecodeOptions, Priority, Result, check_options
 from streamer.engine.scheduler import QueueFull
 
 log = logging.getLogger("streamer.engine.client")
 
 
-class RemoteHandle:
-    """A window in an engine core: await its result, iterate its tokens, or cancel it."""
+class RemoteHandle(Handle):
+    """A window in an engine core, with where it went."""
 
     def __init__(self, client: "EngineClient", request_id: str, core: "CoreLink", priority: Priority,
                  session_id: str | None, stream_tokens: bool):
-        self.client = client
-        self.id = request_id
+        super().__init__(request_id, client.cancel_request, stream_tokens)
         self.core = core
         self.priority = priority
         self.session_id = session_id
-        self.submitted = time.monotonic()
-        self.future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._tokens: asyncio.Queue | None = asyncio.Queue() if stream_tokens else None
-
-    def _settle(self, result: Result | None, error: Exception | None) -> None:
-        if not self.future.done():
-            if error is not None:
-                self.future.set_exception(error)
-                self.future.exception()  # retrieved: nobody may await a cancelled window
-            else:
-                self.future.set_result(result)
-        if self._tokens is not None:
-            self._tokens.put_nowait(None)
-
-    async def result(self) -> Result:
-        return await asyncio.shield(self.future)
-
-    async def tokens(self) -> AsyncIterator[int]:
-        if self._tokens is None:
-            raise RuntimeError("submit(..., stream_tokens=True) to iterate tokens")
-        while True:
-            token = await self._tokens.get()
-            if token is None:
-                return
-            yield token
-
-    def cancel(self) -> None:
-        self.client.cancel_request(self.id)
-
-    def __await__(self):
-        return self.result().__await__()
 
 
 @dataclasses.dataclass(eq=False)
@@ -166,7 +134,7 @@ class EngineClient:
         for core in self.cores:
             self._send(core, p.Bye(gateway=self.gateway))
             for handle in list(core.inflight.values()):
-                handle._settle(None, EngineClosed("the gateway is shutting down"))
+                handle.settle(None, EngineClosed("the gateway is shutting down"))
             core.inflight.clear()
         for task in self._tasks:
             task.cancel()
@@ -300,7 +268,7 @@ class EngineClient:
             if self._sessions[handle.session_id] <= 0:
                 del self._sessions[handle.session_id]
                 self._session_core.pop(handle.session_id, None)
-        handle._settle(result, error)
+        handle.settle(result, error)
 
     def _lost(self, core: CoreLink, why: str) -> None:
         """The core is gone (or restarted): what this gateway had there is lost."""
@@ -349,9 +317,8 @@ class EngineClient:
             elif isinstance(m, p.Tokens):
                 for rid, tokens in m.items:
                     handle = core.inflight.get(rid)
-                    if handle is not None and handle._tokens is not None:
-                        for t in tokens:
-                            handle._tokens.put_nowait(t)
+                    if handle is not None:
+                        handle.push_tokens(tokens)
             elif isinstance(m, p.Aligned):
                 future = core.aligns.get(m.id)
                 if future is not None and not future.done():

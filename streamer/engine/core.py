@@ -153,16 +153,18 @@ class Core:
     def _submit(self, m: p.Submit) -> None:
         with self.lock:
             self.owner[m.id] = m.gateway
-        on_tokens = None
-        if m.stream_tokens:
-            def on_tokens(toks, rid=m.id, topic=m.gateway):
-                self._publish(topic, p.Tokens(items=[(rid, toks)]))
+        on_tokens = self._tokens_to(m.gateway, m.id) if m.stream_tokens else None
         try:
             self.engine.enqueue(m.id, p.audio_array(m.audio), m.options, priority=Priority(m.priority),
                                 session_id=m.session_id, deadline=m.deadline, on_done=self._done(m.id),
                                 on_tokens=on_tokens)
         except Exception as e:  # refused at once: QueueFull, closed, bad options
             self._done(m.id)(None, e)
+
+    def _tokens_to(self, topic: str, request_id: str):
+        def on_tokens(tokens: list[int]) -> None:
+            self._publish(topic, p.Tokens(items=[(request_id, tokens)]))
+        return on_tokens
 
     def _align(self, m: p.Align) -> None:
         from streamer.model.alignment import AlignmentItem, find_word_timings

@@ -16,13 +16,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from torch.nn.attention import sdpa_kernel
 
 from streamer.config import EngineConfig, ModelConfig
+from streamer.engine.handle import Handle
 from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.request import SAMPLE_RATE, DecodeOptions, check_options, Priority, Request, RequestState, Result
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
@@ -76,56 +77,6 @@ class Ticket:
     first_token_at: float | None = None
     """Monotonic time of the first sampled token of any attempt."""
     done: bool = False
-
-
-class Handle:
-    """A submitted window for an asyncio caller: await its result, iterate its tokens, or cancel it."""
-
-    def __init__(self, engine: "Engine", request_id: str, loop: asyncio.AbstractEventLoop, stream_tokens: bool):
-        self.engine = engine
-        self.id = request_id
-        self.future: asyncio.Future[Result] = loop.create_future()
-        self.submitted = time.monotonic()
-        self._loop = loop
-        self._tokens: asyncio.Queue | None = asyncio.Queue() if stream_tokens else None
-
-    def _settle(self, result: Result | None, error: Exception | None) -> None:
-        """`Ticket.on_done`: hand the outcome to the caller's loop (any thread)."""
-        def settle():
-            if not self.future.done():
-                if error is not None:
-                    self.future.set_exception(error)
-                    self.future.exception()  # retrieved: a cancelled window nobody awaits is not an error
-                else:
-                    self.future.set_result(result)
-            if self._tokens is not None:
-                self._tokens.put_nowait(None)
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(settle)
-
-    def _on_tokens(self, tokens: list[int]) -> None:
-        if not self._loop.is_closed():
-            for token in tokens:
-                self._loop.call_soon_threadsafe(self._tokens.put_nowait, token)
-
-    async def result(self) -> Result:
-        return await asyncio.shield(self.future)
-
-    async def tokens(self) -> AsyncIterator[int]:
-        """Token ids as they are sampled (the current attempt's), ending with the result."""
-        if self._tokens is None:
-            raise RuntimeError("submit(..., stream_tokens=True) to iterate tokens")
-        while True:
-            token = await self._tokens.get()
-            if token is None:
-                return
-            yield token
-
-    def cancel(self) -> None:
-        self.engine.cancel_request(self.id)
-
-    def __await__(self):
-        return self.result().__await__()
 
 
 @dataclass
@@ -307,9 +258,9 @@ class Engine:
         options = options or DecodeOptions()
         self.check_options(options)  # ValueError before anything else
         request_id = f"w{next(self._ids)}"
-        handle = Handle(self, request_id, asyncio.get_running_loop(), stream_tokens)
-        self.enqueue(request_id, audio, options, priority=priority, session_id=session_id,
-                     deadline=deadline, on_done=handle._settle, on_tokens=handle._on_tokens if stream_tokens else None)
+        handle = Handle(request_id, self.cancel_request, stream_tokens)
+        self.enqueue(request_id, audio, options, priority=priority, session_id=session_id, deadline=deadline,
+                     on_done=handle.settle_threadsafe, on_tokens=handle.push_tokens_threadsafe if stream_tokens else None)
         return handle
 
     async def transcribe(self, audio: np.ndarray, options: DecodeOptions | None = None, **kw) -> Result:

@@ -107,6 +107,10 @@ class ServerConfig:
     max_loop_lag_s: float = 1.0
     """New live streams are refused (`overloaded`) while the event loop runs this late: the
     gateway is past what one process can serve, and the streams it has would suffer. 0: no limit."""
+    resume_s: float = 30.0
+    """A `/v1/stream` session whose connection drops is kept this long for the client to resume."""
+    worker_id: int = 0
+    """This gateway process among several on one port; resume tokens name it (`docs/protocol.md`)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_AUDIO_S": ("server", "max_audio_s"),
     "MODE": ("server", "mode"),
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
+    "RESUME_S": ("server", "resume_s"),
+    "STREAMER_WORKER_ID": ("server", "worker_id"),
 }
 
 

@@ -1,4 +1,5 @@
-"""API-key check: `Authorization: Bearer KEY` header or `?api_key=KEY` query parameter.
+"""API-key check: `Authorization: Bearer KEY` (or Deepgram's `Token KEY`) header or `?api_key=KEY`
+query parameter.
 
 HTTP requests are checked by `AuthMiddleware` (401 in OpenAI's error shape). WebSockets pass
 through it: a browser sees nothing of a refused handshake, so each WebSocket protocol accepts
@@ -20,7 +21,7 @@ def presented_key(scope: Scope) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
+            if scheme.lower() in ("bearer", "token") and token.strip():
                 return token.strip()
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key")
     return values[0] if values else None

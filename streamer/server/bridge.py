@@ -95,7 +95,7 @@ class Bridge:
     """Drives one `Session` against the engine; one per stream, used from the event loop only."""
 
     def __init__(self, session: Session, engine: Engine, metrics: Metrics, emit: Emit, *, session_id: str,
-                 language: str | None, task: str):
+                 language: str | None, task: str, word_timestamps: bool = False):
         self.session = session
         self.engine = engine
         self.metrics = metrics
@@ -104,6 +104,8 @@ class Bridge:
         self.language = language
         """Language for the decoder (None: detect); a transport may change it between utterances."""
         self.task = task
+        self.word_timestamps = word_timestamps
+        """Finals carry word timings and probabilities (Deepgram's `words`)."""
         self._marks: deque[tuple[float, float]] = deque()
         """(stream time reached, monotonic time) per chunk fed."""
         self._partial: tuple[SubmitWindow, Handle] | None = None
@@ -203,7 +205,8 @@ class Bridge:
     def _options(self, window: SubmitWindow) -> DecodeOptions:
         if window.kind == "final":
             # As offline transcription decodes, with timestamps for the final's stream span.
-            return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True)
+            return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True,
+                                 word_timestamps=self.word_timestamps)
         # A partial is shown only if its greedy decode is good: the fallback to higher temperatures
         # costs a full decode per temperature (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s
         # with all six), and a loop is cut short.

@@ -27,6 +27,7 @@ from streamer.engine.engine import EngineClosed
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
+from streamer.longform.transcript import merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.model.tokenizer import TO_LANGUAGE_CODE
 from streamer.server.auth import error_body
@@ -70,6 +71,8 @@ class FileRequest:
     words: bool
     """Word timestamps (`timestamp_granularities[]=word`)."""
     stream: bool
+    multichannel: bool = False
+    """Each channel transcribed on its own, then merged in time order (`merge_channels`)."""
 
 
 # --- endpoints -------------------------------------------------------------------------------------
@@ -122,10 +125,17 @@ async def _transcribe(request: Request, task: str) -> Response:
         max_bytes = int(limits.max_upload_mb * 2**20)
         form = await _read_form(request, max_bytes)
         req = _parse(form, engine, task, limits.mode)
-        audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes)
+        audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes, not req.multichannel)
         await form.close()  # the samples are in memory now: the temporary file can go
         form = None
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
+        if req.multichannel:
+            # The channels' windows go to the engine together and share its steps.
+            transcripts = await asyncio.gather(*(transcribe_long(engine, channel, **run) for channel in audio))
+            transcript = merge_channels(list(transcripts))
+            _observe(state, transcript, started)
+            body = render(transcript, req.response_format, segments=req.segments, words=req.words)
+            return JSONResponse(body) if isinstance(body, dict) else Response(body, media_type=MEDIA_TYPES[req.response_format])
         if req.stream:
             return StreamingResponse(_events(engine, audio, run, state, started), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -246,11 +256,17 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     stream = (text("stream", "false") or "false").lower()
     if stream not in ("true", "false"):
         raise ApiError(400, f"stream must be true or false, not {stream!r}", "invalid_value", param="stream")
+    multichannel = (text("multichannel", "false") or "false").lower()
+    if multichannel not in ("true", "false"):
+        raise ApiError(400, f"multichannel must be true or false, not {multichannel!r}", "invalid_value",
+                       param="multichannel")
+    if multichannel == "true" and stream == "true":
+        raise ApiError(400, "multichannel does not stream: send stream=false", "invalid_value", param="stream")
     options = DecodeOptions(task=task, language=_language(text("language"), tok), prompt=text("prompt"),
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,
-                       stream=stream == "true")
+                       stream=stream == "true", multichannel=multichannel == "true")
 
 
 def _language(language: str | None, tok) -> str | None:
@@ -284,10 +300,11 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
     return tuple(round(t + i * TEMPERATURE_STEP, 6) for i in range(steps + 1))
 
 
-def _decode(upload: UploadFile, max_seconds: float, max_bytes: int):
+def _decode(upload: UploadFile, max_seconds: float, max_bytes: int, mono: bool = True):
     """Samples of the upload (worker thread); 413 over the duration limit, 415 when not audio."""
     try:
-        return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload")
+        return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload",
+                            mono=mono)
     except AudioTooLarge as e:
         raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
     except AudioDecodeError as e:

@@ -83,7 +83,7 @@ class SocketStream:
         await self.ws.accept()
         self._outbox = Outbox(self.ws)
         try:
-            if not authorized(self.ws.scope, self.state.settings.server.api_key):
+            if not self._authorized():
                 self._refuse("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or "
                              "`?api_key=KEY`", 1008)
             elif (refusal := self.state.admit(self)) is not None:
@@ -99,6 +99,10 @@ class SocketStream:
                     self._done.set()
         finally:
             await self._outbox.wait(FINISH_TIMEOUT_S)
+
+    def _authorized(self) -> bool:
+        """The key check on connect (a transport whose client cannot send one checks later)."""
+        return authorized(self.ws.scope, self.state.settings.server.api_key)
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop reading, deliver the finals of open utterances within `grace_s`, close."""

@@ -34,6 +34,7 @@ import numpy as np
 from streamer.engine.engine import Cancelled, Engine, EngineClosed, Handle
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.engine.scheduler import QueueFull
+from streamer.longform.words import add_segment_words
 from streamer.server.metrics import Metrics
 from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
 from streamer.streaming.session import Session
@@ -205,8 +206,7 @@ class Bridge:
     def _options(self, window: SubmitWindow) -> DecodeOptions:
         if window.kind == "final":
             # As offline transcription decodes, with timestamps for the final's stream span.
-            return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True,
-                                 word_timestamps=self.word_timestamps)
+            return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True)
         # A partial is shown only if its greedy decode is good: the fallback to higher temperatures
         # costs a full decode per temperature (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s
         # with all six), and a loop is cut short.
@@ -277,6 +277,9 @@ class Bridge:
         try:
             job.handle = await self._submit_with_patience(window)
             result = await self._result(job.handle, "final")
+            if self.word_timestamps and result is not None and result.segments:
+                await add_segment_words(self.engine, window.audio, result.segments,
+                                        language=result.language or self.language, task=self.task)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -82,12 +82,10 @@ class StreamClient:
         await self.close()
 
     async def send(self, audio: bytes) -> None:
-        """Send audio (any length; split in frames of at most a second)."""
+        """Send audio (any length; split in frames of at most a tenth of a second)."""
         frame = max(1, self.start_message["sample_rate"] // 10) * self._frame_bytes()
         for i in range(0, len(audio), frame):
-            chunk = bytes(audio[i:i + frame])
-            self._remember(chunk)
-            await self._send_raw(chunk)
+            await self._send_raw(bytes(audio[i:i + frame]))
 
     async def flush(self) -> None:
         await self._send_raw(json.dumps({"type": "flush"}))
@@ -134,15 +132,23 @@ class StreamClient:
             self._buffered -= len(self._buffer.popleft()[1])
 
     async def _send_raw(self, message: bytes | str) -> None:
+        """Send on the current connection; audio is buffered in the same step, under the lock a
+        resume holds while it sends the buffer again, so no chunk goes twice or out of order."""
+        remembered = False
         while True:
-            generation, ws = self._generation, self._ws
-            try:
-                await ws.send(message)
-                return
-            except websockets.ConnectionClosed:
-                await self._reconnect(generation)
-                if isinstance(message, bytes):
-                    return  # the resume sent it again, from the audio buffer
+            async with self._lock:
+                if isinstance(message, bytes) and not remembered:
+                    self._remember(message)
+                    remembered = True
+                generation, ws = self._generation, self._ws
+                try:
+                    await ws.send(message)
+                    return
+                except websockets.ConnectionClosed:
+                    pass
+            await self._reconnect(generation)
+            if remembered:
+                return  # the resume sent it again, from the audio buffer
 
     async def _connect(self, first: bool) -> None:
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}

@@ -363,8 +363,10 @@ def test_resume_after_cut_connections(ws_base, prompts):
                 events.append(event)
             return events, s.resumes
 
-    plain, _ = asyncio.run(run([]))
-    cut, resumes = asyncio.run(run([cut_mid, cut_between]))
+    async def both():  # side by side: the engine batches their windows
+        return await asyncio.gather(run([]), run([cut_mid, cut_between]))
+
+    (plain, _), (cut, resumes) = asyncio.run(both())
     assert resumes == 2
     assert [e["text"] for e in cut if e["type"] == "final"] == [e["text"] for e in plain if e["type"] == "final"]
     ids = [e["event_id"] for e in cut if "event_id" in e]

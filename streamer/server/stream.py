@@ -349,6 +349,10 @@ class NativeStream(SocketStream):
         limit = self.state.settings.server.max_message_bytes
         while True:
             message = await self._next_message()
+            if self._taken_over:
+                # Python 3.11's wait_for may return a message that arrived as it was cancelled:
+                # what the old connection still had buffered must not reach the session.
+                return "resumed"
             if isinstance(message, str):
                 return message
             text, data = message.get("text"), message.get("bytes")

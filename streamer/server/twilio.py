@@ -242,7 +242,7 @@ class TwilioStream(SocketStream):
         if reason == "disconnect":
             self._outbox.abandon()
         else:
-            self._outbox.close(1001 if reason == "shutdown" else 1000)
+            self._outbox.close({"shutdown": 1001, "error": 1008}.get(reason, 1000))
 
     async def _receive_loop(self) -> str:
         limit = self.state.settings.server.max_message_bytes

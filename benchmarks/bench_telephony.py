@@ -72,9 +72,10 @@ def main() -> None:
         t0 = time.perf_counter()
         results = asyncio.run(run())
         elapsed = time.perf_counter() - t0
-        out.append({"condition": condition, "wer_pct": round(wer(references, [r.text for r in results], args.language), 2),
+        texts = [r.text for r in results]
+        out.append({"condition": condition, "wer_pct": round(wer(references, texts, args.language), 2),
                     "recordings": len(rows), "minutes": round(sum(len(a) for a in originals) / 16000 / 60, 1),
-                    "wall_s": round(elapsed, 1), "texts": [r.text for r in results]})
+                    "wall_s": round(elapsed, 1), "texts": texts})
         print(f"{condition}: WER {out[-1]['wer_pct']:.2f} % ({elapsed:.0f} s)", flush=True)
     engine.close()
     print(table(out, ["condition", "wer_pct", "recordings", "minutes", "wall_s"]))

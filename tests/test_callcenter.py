@@ -240,6 +240,7 @@ def twilio_messages(inbound: bytes, outbound: bytes, stream_sid: str, call_sid: 
                                            "payload": base64.b64encode(data[i:i + 160]).decode()}})
     messages.append({"event": "dtmf", "streamSid": stream_sid, "sequenceNumber": str(len(messages)),
                      "dtmf": {"track": "inbound_track", "digit": "5"}})
+    messages.append({"event": "bogus", "streamSid": stream_sid})  # answered with an error event; the stream goes on
     messages.append({"event": "stop", "sequenceNumber": str(len(messages)), "streamSid": stream_sid,
                      "stop": {"accountSid": "AC" + "0" * 32, "callSid": call_sid}})
     return messages
@@ -259,7 +260,6 @@ def test_twilio_media_stream(ws_base, stereo):
             async with websockets.connect(ws_base + "/v1/twilio") as twilio:
                 for m in messages:
                     await twilio.send(json.dumps(m))
-                await twilio.send(json.dumps({"event": "bogus", "streamSid": sid}))
                 events = [json.loads(m) async for m in sub]
         return events
 
@@ -268,6 +268,7 @@ def test_twilio_media_stream(ws_base, stereo):
     assert events[0]["customParameters"] == {"agent": "7"}  # the key is not passed on
     assert events[-1] == {"type": "closed", "reason": "stop"}
     assert any(e["type"] == "dtmf" and e["digit"] == "5" for e in events)
+    assert any(e["type"] == "error" and e["code"] == "unknown_event" for e in events)
     for c, track in enumerate(("inbound", "outbound")):
         text = finals_text(events, c)
         assert all(e["track"] == track for e in events if e.get("channel") == c)
@@ -336,6 +337,30 @@ def test_deepgram_sdk_prerecorded(base, stereo, tmp_path):
         assert alternative.words and len({w.confidence for w in alternative.words}) > 1
     r = httpx.post(base + "/v1/listen?encoding=bogus", content=b"\0" * 100, headers={"Authorization": f"Token {KEY}"})
     assert r.status_code == 400 and r.json()["err_code"] == "INVALID_QUERY_PARAMETER"
+
+
+def test_deepgram_errors_in_its_shape(base):
+    """A bad query parameter: `Error`, close 1008. An unknown control message: `Error`, and the
+    stream goes on to `CloseStream` and `Metadata`."""
+    ws_base = base.replace("http://", "ws://")
+    token = {"Authorization": f"Token {KEY}"}
+
+    async def run():
+        async with websockets.connect(ws_base + "/v1/listen?encoding=opus", additional_headers=token) as ws:
+            error = json.loads(await ws.recv())
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.recv()
+            assert error["type"] == "Error" and ws.close_code == 1008, error
+        async with websockets.connect(ws_base + "/v1/listen?encoding=mulaw&sample_rate=8000",
+                                      additional_headers=token) as ws:
+            await ws.send(g711.encode(np.zeros(1600), "mulaw"))
+            await ws.send(json.dumps({"type": "Bogus"}))
+            assert json.loads(await ws.recv())["variant"] == "INVALID_MESSAGE"
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            metadata = json.loads(await ws.recv())
+            assert metadata["type"] == "Metadata" and metadata["duration"] == pytest.approx(0.2, abs=0.01)
+
+    asyncio.run(run())
 
 
 # --- session resume --------------------------------------------------------------------------------------

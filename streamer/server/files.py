@@ -135,7 +135,9 @@ async def _transcribe(request: Request, task: str) -> Response:
             transcript = merge_channels(list(transcripts))
             _observe(state, transcript, started)
             body = render(transcript, req.response_format, segments=req.segments, words=req.words)
-            return JSONResponse(body) if isinstance(body, dict) else Response(body, media_type=MEDIA_TYPES[req.response_format])
+            if isinstance(body, dict):
+                return JSONResponse(body)
+            return Response(body, media_type=MEDIA_TYPES[req.response_format])
         if req.stream:
             return StreamingResponse(_events(engine, audio, run, state, started), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

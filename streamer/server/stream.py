@@ -1,9 +1,14 @@
 """`/v1/stream`: the native WebSocket protocol (docs/protocol.md, section 1).
 
-JSON text messages and binary PCM in, JSON text events out. Receiving and sending are two
-tasks: the receiver feeds audio into the stream's `Bridge`; everything for the client goes
-through an outbox that the sender drains, so events leave in the order they were made.
-`parse_start` and `parse_message` are shared with the WebRTC data channel.
+JSON text messages and binary PCM (or G.711) in, JSON text events out. Receiving and sending
+are two tasks: the receiver feeds audio into the stream's bridges (`ChannelStreams`: one, or one
+per channel with `multichannel`); everything for the client goes through an outbox that the
+sender drains, so events leave in the order they were made. `parse_start` and `parse_message`
+are shared with the WebRTC data channel.
+
+A session (`_Live`: its bridges, the events it sent, the audio bytes it took) outlives its
+connection: when the connection drops, it is parked in `ServerState.resume` for `resume_s`, and a
+`start` with `resume` on a new connection takes it over (docs/protocol.md, 1.4).
 """
 
 from __future__ import annotations

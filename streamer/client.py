@@ -152,7 +152,8 @@ class StreamClient:
 
     async def _connect(self, first: bool) -> None:
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        ws = await connect(self.url, additional_headers=headers, max_size=None)
+        # No permessage-deflate: PCM barely compresses, and deflating costs the client's loop.
+        ws = await connect(self.url, additional_headers=headers, max_size=None, compression=None)
         if first:
             await ws.send(json.dumps(self.start_message))
         else:

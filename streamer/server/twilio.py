@@ -336,10 +336,18 @@ async def events_endpoint(ws: WebSocket) -> None:
             feed.subscribers.add(outbox)
             try:
                 while True:  # until the client goes or the call ends (the feed closes the outbox)
-                    message = await asyncio.wait_for(ws.receive(), state.settings.server.idle_timeout_s)
+                    try:
+                        message = await asyncio.wait_for(ws.receive(), state.settings.server.idle_timeout_s)
+                    except asyncio.TimeoutError:
+                        current = hub(state).feeds.get(key)
+                        if current is not None and current.history:
+                            continue  # the call is on: a subscriber only listens
+                        outbox.send({"type": "closed", "reason": "idle_timeout"})  # no such call came
+                        outbox.close(1000)
+                        break
                     if message["type"] == "websocket.disconnect":
                         break
-            except (asyncio.TimeoutError, RuntimeError):
+            except RuntimeError:  # the feed closed the socket
                 pass
             finally:
                 current = hub(state).feeds.get(key)

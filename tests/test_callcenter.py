@@ -204,9 +204,24 @@ def test_multichannel_upload(base, stereo, tmp_path):
         starts = [s["start"] for s in body["segments"]]
         assert starts == sorted(starts) and {s["channel"] for s in body["segments"]} == {0, 1}
         assert {w["channel"] for w in body["words"]} == {0, 1}
-        vtt = http.post("/v1/audio/transcriptions", files={"file": ("call.wav", path.read_bytes())},
-                        data={"multichannel": "true", "response_format": "vtt"}).text
-        assert "<v Channel 0>" in vtt and "<v Channel 1>" in vtt, vtt
+
+
+def test_merged_channels_render_speakers():
+    """`merge_channels` orders segments by time across channels; SRT and WebVTT name the channel."""
+    from streamer.longform.formats import render
+    from streamer.longform.transcript import Transcript, TranscriptSegment, merge_channels
+
+    def seg(start, end, text):
+        return TranscriptSegment(id=0, seek=0, start=start, end=end, text=text, tokens=[1], avg_logprob=-0.1,
+                                 compression_ratio=1.0, no_speech_prob=0.0, temperature=0.0)
+
+    agent = Transcript(" Hello. How can I help?", "en", 4.0, [seg(0.0, 1.0, " Hello."), seg(2.5, 3.5, " How can I help?")])
+    caller = Transcript(" Hi.", "en", 4.0, [seg(1.2, 2.0, " Hi.")])
+    merged = merge_channels([agent, caller])
+    assert [s.channel for s in merged.segments] == [0, 1, 0] and merged.text == "Hello. Hi. How can I help?"
+    assert render(merged, "json")["channels"][1] == {"channel": 1, "text": " Hi."}
+    assert "\n[Channel 1] Hi.\n" in render(merged, "srt")
+    assert "00:00:01.200 --> 00:00:02.000\n<v Channel 1>Hi.\n" in render(merged, "vtt")
 
 
 def test_multichannel_stream(ws_base, stereo):

@@ -77,10 +77,10 @@ def main() -> None:
                     "recordings": len(rows), "minutes": round(sum(len(a) for a in originals) / 16000 / 60, 1),
                     "wall_s": round(elapsed, 1), "texts": texts})
         print(f"{condition}: WER {out[-1]['wer_pct']:.2f} % ({elapsed:.0f} s)", flush=True)
+        path = write_json(f"telephony_{args.model}.json", {"model": args.model, "language": args.language,
+                                                           "environment": environment(), "results": out})
     engine.close()
     print(table(out, ["condition", "wer_pct", "recordings", "minutes", "wall_s"]))
-    path = write_json(f"telephony_{args.model}.json", {"model": args.model, "language": args.language,
-                                                       "environment": environment(), "results": out})
     print(f"wrote {path}")
 
 

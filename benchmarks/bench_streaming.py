@@ -113,7 +113,7 @@ def _changed(shown: str, final: str) -> tuple[int, int]:
 
 async def stream_one(url: str, rec: Recording, pace: float, delay: float, start: dict) -> ClientResult:
     """One client: stream `rec` at `pace` times real time after `delay` seconds, then stop."""
-    import websockets
+    from streamer.client import StreamClient
 
     await asyncio.sleep(delay)
     result = ClientResult()
@@ -129,16 +129,11 @@ async def stream_one(url: str, rec: Recording, pace: float, delay: float, start:
         return sent_at[max(i, 0)]
 
     try:
-        async with websockets.connect(url + "/v1/stream", max_size=None, compression=None) as ws:
-            await ws.send(json.dumps({"type": "start", **start}))
-            ready = json.loads(await ws.recv())
-            if ready["type"] != "ready":
-                raise RuntimeError(f"refused: {ready}")
+        async with StreamClient(url, **start) as ws:  # refused: StreamError; resumes a dropped connection
 
             async def receive():
-                async for message in ws:
+                async for e in ws:
                     now = time.monotonic()
-                    e = json.loads(message)
                     uid = e.get("utterance_id")
                     if e["type"] == "speech_started":
                         started[uid] = e["t"]
@@ -172,7 +167,7 @@ async def stream_one(url: str, rec: Recording, pace: float, delay: float, start:
                 await asyncio.sleep(max(0.0, t0 + k * FRAME_S / pace - time.monotonic()))
                 sent_at.append(time.monotonic())
                 await ws.send(rec.pcm[i:i + frame])
-            await ws.send(json.dumps({"type": "stop"}))
+            await ws.stop()
             await receiver
     except Exception as e:  # a refused or broken client is a result, not a crash of the run
         result.error = f"{type(e).__name__}: {e}"

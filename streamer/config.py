@@ -136,6 +136,10 @@ class ServerConfig:
     ssl_certfile: str | None = None
     """PEM certificate (chain): serve HTTPS and WSS (the SDKs' realtime clients use TLS)."""
     ssl_keyfile: str | None = None
+    resume_s: float = 30.0
+    """A `/v1/stream` session whose connection drops is kept this long for the client to resume."""
+    worker_id: int = 0
+    """This gateway process among several on one port; resume tokens name it (`docs/protocol.md`)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "UPLOAD_IDLE_TIMEOUT_S": ("server", "upload_idle_timeout_s"),
     "SSL_CERTFILE": ("server", "ssl_certfile"),
     "SSL_KEYFILE": ("server", "ssl_keyfile"),
+    "RESUME_S": ("server", "resume_s"),
+    "STREAMER_WORKER_ID": ("server", "worker_id"),
 }
 
 

@@ -18,6 +18,8 @@ from typing import BinaryIO, Iterator
 import av
 import numpy as np
 
+from streamer.audio import g711
+
 SAMPLE_RATE = 16000
 """Whisper's input rate; everything leaves this module at this rate."""
 
@@ -26,8 +28,9 @@ BATCH_SECONDS = 1.0
 frame costs about as much as the decoding itself (6-min Opus file: decoding alone 0.43 s,
 resampling each frame 0.91 s in all, batched 0.61 s)."""
 
-_PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4")}
-"""Raw PCM encodings a live stream may send, as little-endian numpy types."""
+_PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw": np.dtype("u1"),
+               "alaw": np.dtype("u1")}
+"""Raw encodings a live stream may send, as the numpy types of one sample (G.711: one byte)."""
 
 _MIN_RATE, _MAX_RATE = 8000, 192000
 _MAX_CHANNELS = 8
@@ -60,8 +63,10 @@ def decode_audio(
     max_seconds: float | None = None,
     max_bytes: int | None = None,
     name: str | None = None,
+    mono: bool = True,
 ) -> np.ndarray:
-    """Decode the main audio stream of `source` to float32 mono at 16 kHz, shape [N].
+    """Decode the main audio stream of `source` to float32 mono at 16 kHz, shape [N]; with
+    `mono=False`, every channel on its own, shape [channels, N] (call recordings: agent and caller).
 
     `source` is a path, the file's bytes, or a binary file object (read from its start).
     Over `max_bytes` is refused before anything is decoded; over `max_seconds` is refused
@@ -74,7 +79,7 @@ def decode_audio(
         declared = _declared_duration(container, stream)
         if max_seconds is not None and declared is not None and declared > max_seconds:
             raise AudioTooLarge(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
-        converter = _MonoConverter()
+        converter = _MonoConverter(keep_channels=not mono)
         decoded_s = 0.0
         position_s = 0.0
         try:
@@ -108,10 +113,13 @@ def probe_duration(source: Source, *, name: str | None = None) -> float | None:
 
 
 def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
-    """Little-endian PCM (`pcm_s16le` or `pcm_f32le`) to float32 in [-1, 1], interleaved as given."""
+    """Little-endian PCM (`pcm_s16le`, `pcm_f32le`) or G.711 (`mulaw`, `alaw`) to float32 in
+    [-1, 1], interleaved as given."""
     dtype = _pcm_dtype(encoding)
     if len(data) % dtype.itemsize:
         raise ValueError(f"{len(data)} bytes of {encoding} is not a whole number of {dtype.itemsize}-byte samples")
+    if encoding in g711.ENCODINGS:
+        return g711.decode(data, encoding)
     samples = np.frombuffer(data, dtype=dtype)
     if dtype.kind == "i":
         return samples.astype(np.float32) / 32768.0
@@ -121,7 +129,7 @@ def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
 class StreamResampler:
     """Live PCM chunks of one stream to 16 kHz mono float32, with resampler state across chunks.
 
-    Chunks are interleaved little-endian PCM at `rate` Hz with `channels` channels; a chunk may
+    Chunks are interleaved little-endian PCM (or G.711) at `rate` Hz with `channels` channels; a chunk may
     end anywhere, even inside a sample (the rest waits for the next chunk). Channels are
     averaged (raw PCM carries no channel layout to mix by), then resampled with libswresample.
     """
@@ -199,10 +207,12 @@ class _MonoConverter:
 
     Frames wait in a FIFO until about `BATCH_SECONDS` are there, then go through the resampler
     together. A change of format mid-stream (chained Ogg, a new layout) flushes the old
-    resampler and starts a new one.
+    resampler and starts a new one. With `keep_channels`, channels are not mixed: the result is
+    [channels, N] (a change of channel count mid-stream is refused).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_channels: bool = False) -> None:
+        self._keep = keep_channels
         self._chunks: list[np.ndarray] = []
         self._key: tuple[str, str, int] | None = None
         self._fifo: av.AudioFifo | None = None
@@ -217,7 +227,8 @@ class _MonoConverter:
             # 16-bit output makes libswresample normalise its mixdown (stereo: (L + R) / 2; float
             # output would give 0.707 * (L + R), which clips) and matches `ffmpeg -ac 1 -f s16le`,
             # which openai-whisper's load_audio uses. 16 bits lose nothing a speech model hears.
-            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+            self._resampler = av.AudioResampler(format="s16p" if self._keep else "s16",
+                                                layout=frame.layout.name if self._keep else "mono", rate=SAMPLE_RATE)
         frame.pts = None  # the FIFO insists on gapless timestamps; only the samples matter here
         self._fifo.write(frame)
         if self._fifo.samples >= BATCH_SECONDS * frame.sample_rate:
@@ -225,7 +236,12 @@ class _MonoConverter:
 
     def finish(self) -> np.ndarray:
         self._drain()
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        chunks = [c for c in self._chunks if c.size] if self._keep else self._chunks
+        if not chunks:
+            return np.zeros((1, 0) if self._keep else 0, np.float32)
+        if self._keep and len({c.shape[0] for c in chunks}) > 1:
+            raise ValueError("the number of channels changes within the file")
+        return np.concatenate(chunks, axis=-1)
 
     def _drain(self) -> None:
         if self._fifo is None:
@@ -237,9 +253,12 @@ class _MonoConverter:
 
 
 def _frames_to_array(frames: list[av.AudioFrame]) -> np.ndarray:
-    """Packed mono frames (`flt` or `s16`) -> float32 [N]."""
+    """Packed mono frames (`flt` or `s16`) -> float32 [N]; planar ones (`s16p`) -> [channels, N]."""
     if not frames:
         return np.zeros(0, np.float32)
+    if frames[0].format.is_planar:
+        samples = np.concatenate([f.to_ndarray() for f in frames], axis=1)
+        return samples.astype(np.float32) / 32768.0
     samples = np.concatenate([f.to_ndarray()[0] for f in frames])
     if samples.dtype == np.int16:
         return samples.astype(np.float32) / 32768.0

@@ -12,6 +12,9 @@ MEDIA_TYPES = {"json": "application/json", "verbose_json": "application/json",
 
 
 def to_json(transcript: Transcript) -> dict:
+    if transcript.channel_texts is not None:
+        return {"text": transcript.text,
+                "channels": [{"channel": c, "text": text} for c, text in enumerate(transcript.channel_texts)]}
     return {"text": transcript.text}
 
 
@@ -31,23 +34,32 @@ def to_verbose_json(transcript: Transcript, *, segments: bool = True, words: boo
         body["segments"] = [
             {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": s.tokens,
              "temperature": s.temperature, "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-             "no_speech_prob": s.no_speech_prob}
+             "no_speech_prob": s.no_speech_prob, **_channel(s)}
             for s in transcript.segments]
     if words:
-        body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in transcript.words]
+        body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end, **_channel(s)}
+                         for s in transcript.segments for w in (s.words or [])]
+    if transcript.channel_texts is not None:
+        body["channels"] = [{"channel": c, "text": text} for c, text in enumerate(transcript.channel_texts)]
     return body
+
+
+def _channel(segment) -> dict:
+    return {} if segment.channel is None else {"channel": segment.channel}
 
 
 def to_srt(transcript: Transcript) -> str:
     """SubRip: numbered cues from 1, `HH:MM:SS,mmm --> HH:MM:SS,mmm`, a blank line after each."""
-    cues = [f"{i}\n{_clock(start, ',')} --> {_clock(end, ',')}\n{text}\n"
-            for i, (start, end, text) in enumerate(_cues(transcript), start=1)]
+    cues = [f"{i}\n{_clock(start, ',')} --> {_clock(end, ',')}\n"
+            f"{'' if speaker is None else f'[{speaker}] '}{text}\n"
+            for i, (start, end, text, speaker) in enumerate(_cues(transcript), start=1)]
     return "\n".join(cues)
 
 
 def to_vtt(transcript: Transcript) -> str:
     """WebVTT: the `WEBVTT` header, then `HH:MM:SS.mmm --> HH:MM:SS.mmm` cues."""
-    cues = [f"{_clock(start, '.')} --> {_clock(end, '.')}\n{text}\n" for start, end, text in _cues(transcript)]
+    cues = [f"{_clock(start, '.')} --> {_clock(end, '.')}\n{'' if speaker is None else f'<v {speaker}>'}{text}\n"
+            for start, end, text, speaker in _cues(transcript)]
     return "\n".join(["WEBVTT\n", *cues])
 
 
@@ -66,9 +78,12 @@ def render(transcript: Transcript, response_format: str, *, segments: bool = Tru
     raise ValueError(f"response_format must be one of {', '.join(FORMATS)}, not {response_format!r}")
 
 
-def _cues(transcript: Transcript) -> list[tuple[float, float, str]]:
+def _cues(transcript: Transcript) -> list[tuple[float, float, str, str | None]]:
+    """(start, end, text, speaker): the speaker of a multichannel transcript is `Channel N`
+    (SRT: a `[Channel N] ` prefix; WebVTT: a `<v Channel N>` voice span)."""
     # "-->" inside a cue's text would read as a timing line to a subtitle parser.
-    return [(s.start, s.end, s.text.strip().replace("-->", "->")) for s in transcript.segments if s.text.strip()]
+    return [(s.start, s.end, s.text.strip().replace("-->", "->"), None if s.channel is None else f"Channel {s.channel}")
+            for s in transcript.segments if s.text.strip()]
 
 
 def _clock(seconds: float, decimal: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from streamer.audio.features import HOP_LENGTH
@@ -31,6 +32,8 @@ class TranscriptSegment:
     """Present when word timestamps were asked for."""
     token_logprobs: list[float] = field(default_factory=list)
     """Log probability of each of `tokens` (empty when the decode kept none: beam search)."""
+    channel: int | None = None
+    """The channel it was heard on, in a transcript of a multichannel recording (`merge_channels`)."""
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Transcript:
     """Seconds of audio in the recording."""
     segments: list[TranscriptSegment]
     task: str = "transcribe"
+    channel_texts: list[str] | None = None
+    """The text of each channel, when the transcript merges the channels of one recording."""
 
     @property
     def words(self) -> list[Word]:
@@ -117,3 +122,18 @@ def join(windows: list[Window], *, language: str | None, duration: float, task: 
             segments.append(seg)
     text = "".join(s.text for s in segments).strip()
     return Transcript(text=text, language=language, duration=round(duration, 3), segments=segments, task=task)
+
+
+def merge_channels(transcripts: list[Transcript]) -> Transcript:
+    """One transcript per channel of a recording -> one, its segments (tagged with their channel)
+    in order of time; `text` joins them in that order."""
+    segments = []
+    for channel, t in enumerate(transcripts):
+        for s in t.segments:
+            segments.append(dataclasses.replace(s, channel=channel))
+    segments.sort(key=lambda s: (s.start, s.channel))
+    for i, s in enumerate(segments):
+        s.id = i
+    return Transcript(text="".join(s.text for s in segments).strip(), language=transcripts[0].language,
+                      duration=max(t.duration for t in transcripts), segments=segments, task=transcripts[0].task,
+                      channel_texts=[t.text for t in transcripts])

@@ -31,7 +31,7 @@ from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
-from streamer.server import files, realtime, redact
+from streamer.server import deepgram, files, realtime, redact, twilio
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.openai_http import RequestIdMiddleware, api_fallback
@@ -134,6 +134,9 @@ def create_app(settings: Settings, engine: Engine | None = None,
         Route("/metrics", metrics),
         WebSocketRoute("/v1/stream", stream_endpoint),
         WebSocketRoute("/v1/realtime", realtime.realtime_endpoint),
+        WebSocketRoute("/v1/listen", deepgram.listen_endpoint),
+        Route("/v1/listen", deepgram.listen_file, methods=["POST"]),
+        *twilio.routes,
         *(webrtc.routes if webrtc else []),
         *files.routes,
     ]

@@ -1,5 +1,6 @@
-"""API-key check: `Authorization: Bearer KEY` header, `?api_key=KEY` query parameter, or (WebSocket)
-the subprotocol `openai-insecure-api-key.KEY` that OpenAI's browser clients offer.
+"""API-key check: `Authorization: Bearer KEY` (or Deepgram's `Token KEY`) header, `?api_key=KEY`
+query parameter, or (WebSocket) the subprotocol `openai-insecure-api-key.KEY` that OpenAI's
+browser clients offer.
 
 HTTP requests are checked by `AuthMiddleware` (401 in OpenAI's error shape). WebSockets pass
 through it: a browser sees nothing of a refused handshake, so each WebSocket protocol accepts
@@ -25,7 +26,7 @@ def presented_key(scope: Scope) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
+            if scheme.lower() in ("bearer", "token") and token.strip():
                 return token.strip()
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key")
     if values:

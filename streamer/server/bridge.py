@@ -35,6 +35,7 @@ from streamer.engine.engine import Engine, Handle
 from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.engine.scheduler import QueueFull
+from streamer.longform.words import add_segment_words
 from streamer.server.metrics import Metrics
 from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
 from streamer.streaming.session import Session
@@ -107,7 +108,7 @@ class Bridge:
     """Drives one `Session` against the engine; one per stream, used from the event loop only."""
 
     def __init__(self, session: Session, engine: Engine, metrics: Metrics, emit: Emit, *, session_id: str,
-                 language: str | None, task: str):
+                 language: str | None, task: str, word_timestamps: bool = False):
         self.session = session
         self.engine = engine
         self.metrics = metrics
@@ -116,6 +117,8 @@ class Bridge:
         self.language = language
         """Language for the decoder (None: detect); a transport may change it between utterances."""
         self.task = task
+        self.word_timestamps = word_timestamps
+        """Finals carry word timings and probabilities (Deepgram's `words`)."""
         self._marks: deque[tuple[float, float]] = deque()
         """(stream time reached, monotonic time) per chunk fed."""
         self._partial: tuple[SubmitWindow, Handle] | None = None
@@ -323,6 +326,9 @@ class Bridge:
         result, error, code = None, None, None
         try:
             result = await self._decode_final(job)
+            if self.word_timestamps and result is not None and result.segments:
+                await add_segment_words(self.engine, window.audio, result.segments,
+                                        language=result.language or self.language, task=self.task)
         except asyncio.CancelledError:
             raise
         except EngineUnavailable as e:

@@ -29,6 +29,7 @@ from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
+from streamer.longform.transcript import merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.model.tokenizer import TO_LANGUAGE_CODE
 from streamer.server import validation as v
@@ -76,6 +77,8 @@ class FileRequest:
     stream: bool
     logprobs: bool = False
     """`include[]=logprobs`: the tokens' log probabilities in the json response."""
+    multichannel: bool = False
+    """Each channel transcribed on its own, then merged in time order (`merge_channels`)."""
 
 
 # --- endpoints -------------------------------------------------------------------------------------
@@ -128,10 +131,19 @@ async def _transcribe(request: Request, task: str) -> Response:
         max_bytes = int(limits.max_upload_mb * 2**20)
         form = await _read_form(request, max_bytes, limits.upload_idle_timeout_s)
         req = _parse(form, engine, task, limits.mode)
-        audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes)
+        audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes, not req.multichannel)
         await form.close()  # the samples are in memory now: the temporary file can go
         form = None
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
+        if req.multichannel:
+            # The channels' windows go to the engine together and share its steps.
+            transcripts = await asyncio.gather(*(transcribe_long(engine, channel, **run) for channel in audio))
+            transcript = merge_channels(list(transcripts))
+            _observe(state, transcript, started)
+            body = render(transcript, req.response_format, segments=req.segments, words=req.words)
+            if isinstance(body, dict):
+                return JSONResponse(body)
+            return Response(body, media_type=MEDIA_TYPES[req.response_format])
         if req.stream:
             return StreamingResponse(_events(engine, audio, run, state, started), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -291,11 +303,18 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     if logprobs and response_format != "json":
         raise ApiError(400, "include=logprobs needs response_format=json", "invalid_value", param="include")
     _chunking_strategy(form)
+    multichannel = (text("multichannel", "false") or "false").lower()
+    if multichannel not in ("true", "false"):
+        raise ApiError(400, f"multichannel must be true or false, not {multichannel!r}", "invalid_value",
+                       param="multichannel")
+    if multichannel == "true" and stream == "true":
+        raise ApiError(400, "multichannel does not stream: send stream=false", "invalid_value", param="stream")
     options = DecodeOptions(task=task, language=_language(text("language"), tok), prompt=text("prompt"),
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,
-                       stream=stream == "true", logprobs=logprobs)
+                       stream=stream == "true", logprobs=logprobs,
+                       multichannel=multichannel == "true")
 
 
 def _chunking_strategy(form: FormData) -> None:
@@ -400,10 +419,11 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
     return tuple(round(t + i * TEMPERATURE_STEP, 6) for i in range(steps + 1))
 
 
-def _decode(upload: UploadFile, max_seconds: float, max_bytes: int):
+def _decode(upload: UploadFile, max_seconds: float, max_bytes: int, mono: bool = True):
     """Samples of the upload (worker thread); 413 over the duration limit, 400 when not audio."""
     try:
-        return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload")
+        return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload",
+                            mono=mono)
     except AudioTooLarge as e:
         raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
     except AudioDecodeError as e:  # OpenAI answers 400 (the SDKs raise BadRequestError)

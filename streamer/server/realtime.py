@@ -53,6 +53,10 @@ FAILED = "conversation.item.input_audio_transcription.failed"
 DEFAULT_RATE = 24000
 """OpenAI's only PCM rate, the default here."""
 MIN_RATE, MAX_RATE = 8000, 48000
+G711_FORMATS = {"audio/pcmu": "mulaw", "audio/pcma": "alaw"}
+"""GA `format.type` of G.711 (always 8 kHz, as OpenAI) -> our encoding."""
+BETA_FORMATS = {"pcm16": "pcm_s16le", "g711_ulaw": "mulaw", "g711_alaw": "alaw"}
+G711_RATE = 8000
 MIN_COMMIT_S = 0.1
 """A manual commit of less audio than this is `input_audio_buffer_commit_empty` (as OpenAI)."""
 MAX_ERROR_CHARS = 300
@@ -89,6 +93,8 @@ class RealtimeConfig:
     language: str | None
     prompt: str
     turn_detection: TurnDetection | None
+    encoding: str = "pcm_s16le"
+    """`pcm_s16le`, or G.711 `mulaw` / `alaw` at 8 kHz."""
 
 
 class InvalidValue(Exception):
@@ -259,7 +265,7 @@ class RealtimeStream(SocketStream):
             data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidValue("`audio` is not valid base64", "audio", "invalid_audio") from None
-        if len(data) % 2:
+        if self.config.encoding == "pcm_s16le" and len(data) % 2:
             raise InvalidValue(f"{len(data)} bytes is not a whole number of 16-bit samples", "audio", "invalid_audio")
         self.audio_seen = True
         seg = self._seg or self._begin()
@@ -296,7 +302,8 @@ class RealtimeStream(SocketStream):
                     seg.bridge.flush()
             else:
                 seg.bridge.flush()
-            if (config.rate, config.turn_detection) != (seg.config.rate, seg.config.turn_detection):
+            if (config.rate, config.encoding, config.turn_detection) != \
+                    (seg.config.rate, seg.config.encoding, seg.config.turn_detection):
                 self._retire(FINISH_TIMEOUT_S)
             else:
                 seg.bridge.language = self._decoder_language(config.language)
@@ -317,11 +324,20 @@ class RealtimeStream(SocketStream):
         config = self.config
         if "format" in inp:
             fmt = _object(inp, "format", "session.audio.input")
-            if fmt.get("type", "audio/pcm") != "audio/pcm":
-                raise InvalidValue(f"format {v.show(fmt.get('type'))} is not supported (only audio/pcm)",
+            kind = fmt.get("type", "audio/pcm")
+            if isinstance(kind, str) and kind in G711_FORMATS:
+                if fmt.get("rate", G711_RATE) != G711_RATE:
+                    raise InvalidValue(f"{kind} is 8000 Hz, not {json.dumps(fmt['rate'])}",
+                                       "session.audio.input.format.rate")
+                config = dataclasses.replace(config, rate=G711_RATE, encoding=G711_FORMATS[kind])
+            elif kind != "audio/pcm":
+                raise InvalidValue(f"format {v.show(kind)} is not supported (audio/pcm, audio/pcmu, audio/pcma)",
                                    "session.audio.input.format.type")
-            if "rate" in fmt:
-                config = dataclasses.replace(config, rate=_rate(fmt["rate"], "session.audio.input.format.rate"))
+            else:
+                config = dataclasses.replace(config, encoding="pcm_s16le",
+                                             rate=DEFAULT_RATE if config.encoding != "pcm_s16le" else config.rate)
+                if "rate" in fmt:
+                    config = dataclasses.replace(config, rate=_rate(fmt["rate"], "session.audio.input.format.rate"))
         if "transcription" in inp:
             config = self._transcription(config, inp["transcription"], "session.audio.input.transcription")
         if "turn_detection" in inp:
@@ -331,10 +347,13 @@ class RealtimeStream(SocketStream):
     def _parse_beta(self, session: dict) -> RealtimeConfig:
         config = self.config
         if "input_audio_format" in session:
-            if session["input_audio_format"] != "pcm16":
+            encoding = BETA_FORMATS.get(session["input_audio_format"]) \
+                if isinstance(session["input_audio_format"], str) else None
+            if encoding is None:
                 raise InvalidValue(f"input_audio_format {v.show(session['input_audio_format'])} is not supported "
-                                   "(only pcm16)", "session.input_audio_format")
-            config = dataclasses.replace(config, rate=DEFAULT_RATE)
+                                   f"({', '.join(BETA_FORMATS)})", "session.input_audio_format")
+            config = dataclasses.replace(config, encoding=encoding,
+                                         rate=DEFAULT_RATE if encoding == "pcm_s16le" else G711_RATE)
         if "input_audio_transcription" in session:
             config = self._transcription(config, session["input_audio_transcription"],
                                          "session.input_audio_transcription")
@@ -380,7 +399,8 @@ class RealtimeStream(SocketStream):
         transcription = {"model": self.state.engine.model_name, "language": c.language, "prompt": c.prompt}
         turn = c.turn_detection.wire() if c.turn_detection is not None else None
         if beta:
-            return {"id": self.session_id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
+            beta_format = next(k for k, v in BETA_FORMATS.items() if v == c.encoding)
+            return {"id": self.session_id, "object": "realtime.transcription_session", "input_audio_format": beta_format,
                     "input_audio_transcription": transcription, "turn_detection": turn,
                     "input_audio_noise_reduction": None, "include": []}
         # GA: no `noise_reduction` and no `language: null` (the SDKs' types allow neither null);
@@ -388,7 +408,7 @@ class RealtimeStream(SocketStream):
         if c.language is None:
             del transcription["language"]
         return {"object": "realtime.session", "type": "transcription", "id": self.session_id,
-                "audio": {"input": {"format": {"type": "audio/pcm", "rate": c.rate},
+                "audio": {"input": {"format": _format_wire(c),
                                     "transcription": transcription, "turn_detection": turn}},
                 "include": []}
 
@@ -415,7 +435,7 @@ class RealtimeStream(SocketStream):
         bridge = Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics,
                         functools.partial(self._on_event, self._numbers), session_id=self.session_id,
                         language=self._decoder_language(c.language), task="transcribe")
-        seg = _Segmentation(self._numbers, c, StreamResampler(c.rate, 1, "pcm_s16le"), bridge, self._time_base)
+        seg = _Segmentation(self._numbers, c, StreamResampler(c.rate, 1, c.encoding), bridge, self._time_base)
         self._segs[seg.number] = seg
         self._seg = seg
         return seg
@@ -515,6 +535,12 @@ def _object(parent: dict, name: str, where: str) -> dict:
     if not isinstance(value, dict):
         raise InvalidValue(f"{where}.{name} must be an object", f"{where}.{name}")
     return value
+
+
+def _format_wire(c: RealtimeConfig) -> dict:
+    if c.encoding == "pcm_s16le":
+        return {"type": "audio/pcm", "rate": c.rate}
+    return {"type": next(k for k, v in G711_FORMATS.items() if v == c.encoding)}
 
 
 def _rate(value: Any, param: str) -> int:

@@ -187,7 +187,7 @@ class SocketStream:
                               on_stuck=self._on_stuck)
         address = self.ws.client.host if self.ws.client else None
         try:
-            if not authorized(self.ws.scope, server.api_key):
+            if not self._authorized():
                 self._refuse("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or "
                              "`?api_key=KEY`", 1008)
             elif (refusal := self.state.clients.acquire(address, server.max_connections_per_client)) is not None:
@@ -222,6 +222,10 @@ class SocketStream:
         self.stuck = True
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
+
+    def _authorized(self) -> bool:
+        """The key check on connect (a transport whose client cannot send one checks later)."""
+        return authorized(self.ws.scope, self.state.settings.server.api_key)
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop reading, deliver the finals of open utterances within `grace_s`, close."""

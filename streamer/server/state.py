@@ -17,6 +17,7 @@ from streamer.engine.engine import Engine
 from streamer.server.limits import ClientLimits
 from streamer.server.loop_lag import LoopLag
 from streamer.server.metrics import Metrics
+from streamer.server.resume import ResumeStore
 
 log = logging.getLogger("streamer.server")
 
@@ -51,6 +52,14 @@ class ServerState:
     """How late the event loop runs (the lifespan runs its monitor)."""
     clients: ClientLimits = field(default_factory=ClientLimits)
     """Live streams per client address (`max_connections_per_client`)."""
+    resume: ResumeStore | None = None
+    """`/v1/stream` sessions kept for resume (built from `settings.server` when None)."""
+    twilio: dict = field(default_factory=dict)
+    """`/v1/twilio` streams by `streamSid`, for their subscribers (`server/twilio.py`)."""
+
+    def __post_init__(self) -> None:
+        if self.resume is None:
+            self.resume = ResumeStore(self.settings.server.worker_id, self.settings.server.resume_s)
 
     def admit(self, stream: LiveStream) -> str | None:
         """Register a new stream; or why not (shutting down, at `max_sessions`, the event loop

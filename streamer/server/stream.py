@@ -1,9 +1,14 @@
 """`/v1/stream`: the native WebSocket protocol (docs/protocol.md, section 1).
 
-JSON text messages and binary PCM in, JSON text events out. Receiving and sending are two
-tasks: the receiver feeds audio into the stream's `Bridge`; everything for the client goes
-through an outbox that the sender drains, so events leave in the order they were made.
-`parse_start` and `parse_message` are shared with the WebRTC data channel.
+JSON text messages and binary PCM (or G.711) in, JSON text events out. Receiving and sending
+are two tasks: the receiver feeds audio into the stream's bridges (`ChannelStreams`: one, or one
+per channel with `multichannel`); everything for the client goes through an outbox that the
+sender drains, so events leave in the order they were made. `parse_start` and `parse_message`
+are shared with the WebRTC data channel.
+
+A session (`_Live`: its bridges, the events it sent, the audio bytes it took) outlives its
+connection: when the connection drops, it is parked in `ServerState.resume` for `resume_s`, and a
+`start` with `resume` on a new connection takes it over (docs/protocol.md, 1.4).
 """
 
 from __future__ import annotations
@@ -12,14 +17,17 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.websockets import WebSocket
 
-from streamer.audio.decode import StreamResampler
 from streamer.config import StreamingConfig, VADConfig
+from streamer.server.auth import presented_key
 from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
+from streamer.server.channels import ChannelStreams
+from streamer.server.resume import ResumeError
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server import validation as v
 from streamer.server.state import ServerState
@@ -31,7 +39,7 @@ log = logging.getLogger("streamer.server")
 MAX_FRAME_S = 5.0
 """Longest audio in one binary frame."""
 
-ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4}
+ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
 """Encoding -> bytes per sample."""
 
 MAX_ERROR_CHARS = 300
@@ -77,6 +85,8 @@ class StartOptions:
     channels: int
     streaming: StreamingConfig
     """Per-stream behaviour: the server's defaults with the client's fields applied."""
+    multichannel: bool = False
+    """Each channel transcribed on its own (its own VAD and utterances); events carry `channel`."""
 
 
 def _bad(name: str, message: str) -> ProtocolError:
@@ -111,13 +121,15 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
 
     With `audio_fields=False` (WebRTC) the audio format fields are ignored: the track decides.
     """
-    allowed = {"type", "sample_rate", "encoding", "channels", "language", "task", "partials",
+    allowed = {"type", "sample_rate", "encoding", "channels", "multichannel", "language", "task", "partials",
                "partial_interval_ms", "condition_on_previous", "vad"}
     for name in msg:
         if name not in allowed:
             raise _bad(name, "unknown field")
-    rate, encoding, channels = 16000, "pcm_s16le", 1
+    rate, encoding, channels, multichannel = 16000, "pcm_s16le", 1, False
     if audio_fields:
+        if "multichannel" in msg:
+            multichannel = _boolean(msg, "multichannel")
         if "sample_rate" in msg:
             rate = _checked(v.integer, msg["sample_rate"], "sample_rate", 8000, 192000)
         if "encoding" in msg:
@@ -141,7 +153,7 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
         changes["condition_on_previous"] = _checked(v.boolean, msg["condition_on_previous"], "condition_on_previous")
     if "vad" in msg:
         changes["vad"] = parse_vad(msg["vad"], defaults.vad)
-    return StartOptions(rate, encoding, channels, dataclasses.replace(defaults, **changes))
+    return StartOptions(rate, encoding, channels, dataclasses.replace(defaults, **changes), multichannel)
 
 
 def parse_vad(vad: Any, defaults: VADConfig) -> VADConfig:
@@ -191,6 +203,75 @@ def event_dict(event: StreamEvent) -> dict | None:
     return event.to_dict()
 
 
+RESUME_LOG_EVENTS = 4096
+"""Session events kept for replay after a resume (a minute of speech makes a few hundred)."""
+
+
+class _Live:
+    """A `/v1/stream` session apart from its connection: what a resume hands to the next one."""
+
+    def __init__(self, start: StartOptions, state: ServerState, session_id: str, language: str | None):
+        self.start = start
+        self.state = state
+        self.session_id = session_id
+        self.language = language
+        self.owner: NativeStream | None = None
+        """The connection that serves the session now; None while it waits for a resume."""
+        self.log: deque[dict] = deque(maxlen=RESUME_LOG_EVENTS)
+        self.next_id = 1
+        self.bytes_received = 0
+        """Audio bytes taken so far: a resuming client sends its audio on from here."""
+        self.token: str | None = None
+        self.failed = False
+
+        def make_bridge(channel: int | None) -> Bridge:
+            session = Session(start.streaming, state.vad)
+            return Bridge(session, state.engine, state.metrics, lambda e: self.emit(e, channel),
+                          session_id=session_id, language=language, task=start.streaming.task)
+
+        self.channels = ChannelStreams(rate=start.sample_rate, channels=start.channels, encoding=start.encoding,
+                                       multichannel=start.multichannel, make_bridge=make_bridge)
+
+    def emit(self, event: StreamEvent, channel: int | None) -> None:
+        if isinstance(event, Finalized) and event.error_code == "engine_unavailable":
+            # The engine core holding it stopped (and is being restarted): the stream goes on.
+            event = {"type": "error", "code": "engine_unavailable", "utterance_id": event.utterance_id,
+                     "message": f"utterance {event.utterance_id} was lost: {event.error}; the stream goes on"}
+            self._log(event, channel)
+            return
+        if isinstance(event, Finalized) and event.error is not None:
+            self.failed = True
+            message = f"decoding utterance {event.utterance_id} failed: {event.error}"
+            if self.owner is not None:
+                self.owner.fail("internal", message, 1011)
+            else:
+                self.expire()
+            return
+        message = event_dict(event)
+        if message is not None:
+            self._log(message, channel)
+
+    def _log(self, message: dict, channel: int | None) -> None:
+        """Number the event, keep it for a resume, and send it to the client if connected."""
+        if channel is not None:
+            message["channel"] = channel
+        message["event_id"] = self.next_id
+        self.next_id += 1
+        self.log.append(message)
+        if self.owner is not None:
+            self.owner.deliver(message)
+
+    def expire(self) -> None:
+        """Nobody resumed in time (or the stream failed while parked): stop its work."""
+        self.state.resume.discard(self.token)
+        self.channels.close()
+
+    def replay(self, after: int) -> list[dict]:
+        if self.log and self.log[0]["event_id"] > after + 1:
+            raise ProtocolError("resume_failed", f"events after {after} are no longer kept")
+        return [m for m in self.log if m["event_id"] > after]
+
+
 class NativeStream(SocketStream):
     """One `/v1/stream` connection."""
 
@@ -198,31 +279,40 @@ class NativeStream(SocketStream):
 
     def __init__(self, ws: WebSocket, state: ServerState):
         super().__init__(ws, state, secrets.token_hex(8))
-        self._start: StartOptions | None = None
-        self._resampler: StreamResampler | None = None
-        self._bridge: Bridge | None = None
+        self._live: _Live | None = None
         self._failed = False
         """A fatal error was queued for the client (the receiver was stopped for it)."""
+        self._taken_over = False
+        """A resume on another connection took the session from this one."""
 
     # --- the connection -----------------------------------------------------------------------------
 
     async def _serve(self) -> None:
         self._receiver = asyncio.ensure_future(self._receive_loop())
         await asyncio.wait([self._receiver])
+        live = self._live
+        if self._taken_over:
+            self._send({"type": "closed", "reason": "resumed"})
+            self._outbox.close(1000)
+            return
         if self._receiver.cancelled():
             reason = "shutdown" if self._grace is not None and not self._failed and not self.stuck else "error"
         else:
             reason = self._receiver.result()
+        if reason == "disconnect" and live is not None and live.token is not None and not live.failed:
+            live.owner = None  # kept for a resume
+            self.state.resume.park(live.token, live.expire)
+            self._outbox.abandon()
+            return
         if reason == "disconnect" or reason == "error":
-            if self._bridge is not None:
-                self._bridge.close()
-                self._resampler.close()
+            if live is not None:
+                live.expire()
             if reason == "disconnect":
                 self._outbox.abandon()
             return
-        if self._bridge is not None:
-            self._bridge.feed(self._resampler.flush())
-            await self._bridge.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+        if live is not None:
+            await live.channels.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+            self.state.resume.discard(live.token)
             if self._failed:
                 return
         self._send({"type": "closed", "reason": reason})
@@ -232,6 +322,23 @@ class NativeStream(SocketStream):
         if message.get("type") == "error":
             self.state.metrics.errors.labels(message["code"]).inc()
         self._outbox.send(message)
+
+    def deliver(self, message: dict) -> None:
+        """A session event for the client."""
+        self._send(message)
+
+    def fail(self, code: str, message: str, close_code: int) -> None:
+        """A fatal error of the session: tell the client, stop reading."""
+        self._fatal(code, message, close_code)
+        self._failed = True
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+
+    def take_over(self) -> None:
+        """Another connection resumed this session."""
+        self._taken_over = True
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
 
     def _refuse(self, kind: str, message: str, close_code: int) -> None:
         self._fatal(kind, message, close_code)
@@ -248,9 +355,14 @@ class NativeStream(SocketStream):
         disconnect or error (a fatal error has then been queued)."""
         limit = self.state.settings.server.max_message_bytes
         while True:
-            if self._bridge is not None:
-                await self._bridge.wait_for_room(self.state.settings.server.max_backlog_s)
+            if self._live is not None:
+                for bridge in self._live.channels.bridges:
+                    await bridge.wait_for_room(self.state.settings.server.max_backlog_s)
             message = await self._next_message()
+            if self._taken_over:
+                # Python 3.11's wait_for may return a message that arrived as it was cancelled:
+                # what the old connection still had buffered must not reach the session.
+                return "resumed"
             if isinstance(message, str):
                 return message
             text, data = message.get("text"), message.get("bytes")
@@ -280,9 +392,9 @@ class NativeStream(SocketStream):
         if kind == "start":
             self._on_start(msg)
         elif kind == "flush":
-            if self._bridge is None:
+            if self._live is None:
                 raise ProtocolError("not_started", "flush before start")
-            self._bridge.flush()
+            self._live.channels.flush()
         elif kind == "ping":
             self._send({"type": "pong", **({"id": msg["id"]} if "id" in msg else {})})
         else:
@@ -290,25 +402,66 @@ class NativeStream(SocketStream):
         return False
 
     def _on_start(self, msg: dict) -> None:
-        if self._bridge is not None:
+        if self._live is not None:
             raise ProtocolError("already_started", "the stream has started already")
+        if "resume" in msg:
+            self._on_resume(msg["resume"])
+            return
         multilingual, languages = model_info(self.state)
         start = parse_start(msg, self.state.settings.streaming, multilingual, languages)
         if self.state.engine_saturated():
             raise ProtocolError("overloaded", "the engine queue is full; retry later")
         language = start.streaming.language if multilingual else "en"
-        self._start = start
-        self._resampler = StreamResampler(start.sample_rate, start.channels, start.encoding)
-        session = Session(start.streaming, self.state.vad)
-        self._bridge = Bridge(session, self.state.engine, self.state.metrics, self._emit, session_id=self.session_id,
-                              language=language, task=start.streaming.task)
-        self._send({"type": "ready", "session_id": self.session_id, "model": self.state.engine.model_name,
-                    "sample_rate": start.sample_rate, "language": language, "task": start.streaming.task})
+        live = _Live(start, self.state, self.session_id, language)
+        live.token = self.state.resume.register(live, presented_key(self.ws.scope))
+        live.owner, self._live = self, live
+        self._send(self._ready(live))
+
+    def _ready(self, live: _Live) -> dict:
+        start = live.start
+        ready = {"type": "ready", "session_id": live.session_id, "model": self.state.engine.model_name,
+                 "sample_rate": start.sample_rate, "language": live.language, "task": start.streaming.task,
+                 "resume_token": live.token}
+        if start.multichannel and start.channels > 1:
+            ready["channels"] = start.channels
+            ready["multichannel"] = True
+        return ready
+
+    def _on_resume(self, resume: Any) -> None:
+        """`start` with `resume`: take over a session kept after a dropped connection."""
+        if not isinstance(resume, dict) or set(resume) - {"token", "bytes_sent", "last_event_id"}:
+            raise _bad("resume", "must be {token, bytes_sent, last_event_id}")
+        try:
+            live = self.state.resume.claim(resume.get("token"), presented_key(self.ws.scope))
+        except ResumeError as e:
+            error = ProtocolError("resume_failed", e.message, "resume.token").event()
+            if e.worker is not None:
+                error["worker"] = e.worker
+            self._send(error)
+            return
+        sent, last = resume.get("bytes_sent"), resume.get("last_event_id", 0)
+        problem = None
+        if not isinstance(sent, int) or isinstance(sent, bool) or sent < live.bytes_received:
+            problem = f"bytes_sent must be a whole number of at least {live.bytes_received} (the bytes the server took)"
+        elif not isinstance(last, int) or isinstance(last, bool) or not 0 <= last < live.next_id:
+            problem = f"last_event_id must be a whole number from 0 to {live.next_id - 1}"
+        if problem is not None:
+            if live.owner is None:  # keep it resumable for a corrected attempt
+                self.state.resume.park(live.token, live.expire)
+            raise ProtocolError("resume_failed", problem, "resume")
+        replay = live.replay(last)
+        if live.owner is not None:
+            live.owner.take_over()
+        live.owner, self._live = self, live
+        self._send({**self._ready(live), "resumed": True, "bytes_received": live.bytes_received,
+                    "last_event_id": live.next_id - 1})
+        for message in replay:
+            self._send(message)
 
     def _on_audio(self, data: bytes) -> None:
-        if self._bridge is None:
+        if self._live is None:
             raise ProtocolError("not_started", "audio before start")
-        start = self._start
+        live, start = self._live, self._live.start
         frame_bytes = ENCODINGS[start.encoding] * start.channels
         if not data or len(data) % frame_bytes:
             raise ProtocolError("bad_frame", f"a frame must be a non-empty whole number of {frame_bytes}-byte "
@@ -316,22 +469,8 @@ class NativeStream(SocketStream):
         if len(data) // frame_bytes > MAX_FRAME_S * start.sample_rate:
             raise ProtocolError("bad_frame", f"a frame may hold at most {MAX_FRAME_S:g} s of audio")
         self.audio_seen = True
-        self._bridge.feed(self._resampler.push(data))
-
-    def _emit(self, event: StreamEvent) -> None:
-        if isinstance(event, Finalized) and event.error_code == "engine_unavailable":
-            self._send({"type": "error", "code": "engine_unavailable", "utterance_id": event.utterance_id,
-                        "message": f"utterance {event.utterance_id} was lost: {event.error}; the stream goes on"})
-            return
-        if isinstance(event, Finalized) and event.error is not None:
-            self._fatal("internal", f"decoding utterance {event.utterance_id} failed: {event.error}", 1011)
-            self._failed = True
-            if self._receiver is not None and not self._receiver.done():
-                self._receiver.cancel()
-            return
-        message = event_dict(event)
-        if message is not None:
-            self._send(message)
+        live.bytes_received += len(data)
+        live.channels.push(data)
 
 
 async def stream_endpoint(ws: WebSocket) -> None:

@@ -73,7 +73,8 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
     os.setsid()
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s %(levelname)s gateway{index}: %(message)s")
-    os.environ["STREAMER_WORKER_ID"] = str(index)
+    # Resume tokens name their worker (the load balancer or a later hop routes a resume back to it).
+    settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, worker_id=index))
     from streamer.engine.client import EngineClient
     from streamer.server.app import build_server, create_app
 

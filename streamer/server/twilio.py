@@ -1,0 +1,365 @@
+"""Twilio Media Streams: `WS /v1/twilio` takes Twilio's messages (docs/protocol.md, section 7),
+and `WS /v1/twilio/events` hands the transcripts to the pipeline that subscribes to the call.
+
+Twilio's socket carries only Twilio's own messages (on a bidirectional stream, what goes back to
+Twilio is audio to play), so transcripts leave on a second socket: a subscriber names the call by
+`streamSid` or `callSid` and gets `/v1/stream`-style events, each tagged with `channel` (0 for the
+`inbound` track, the caller; 1 for `outbound`) and `track`. Each track has its own VAD, utterances
+and finals (`ChannelStreams`, multichannel). A subscriber may connect before the stream starts;
+it first gets every event of the call so far.
+
+`TwilioProtocol` turns Twilio's JSON into actions with no I/O; `TwilioStream` is the transport,
+`TwilioHub` (in `ServerState.twilio`) joins streams and subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from streamer.server.auth import authorized
+from streamer.server.bridge import Bridge, Finalized, StreamEvent
+from streamer.server.channels import ChannelStreams
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream
+from streamer.server.state import ServerState
+from streamer.server.stream import event_dict
+from streamer.streaming.session import Session
+
+log = logging.getLogger("streamer.server")
+
+TRACKS = {"inbound": 0, "outbound": 1}
+"""Twilio track -> channel. `dtmf` names tracks `inbound_track`/`outbound_track`."""
+RATE = 8000
+"""Twilio streams μ-law at 8 kHz, one channel per track."""
+FEED_KEEP_S = 60.0
+"""A finished call's events stay this long for subscribers that connect late."""
+
+
+class TwilioError(Exception):
+    """A Twilio message this server cannot use: `code` as on the subscriber socket."""
+
+    def __init__(self, code: str, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.code, self.message, self.fatal = code, message, fatal
+
+    def event(self) -> dict:
+        return {"type": "error", "code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Start:
+    stream_sid: str
+    call_sid: str | None
+    account_sid: str | None
+    tracks: list[str]
+    custom_parameters: dict
+    media_format: dict
+
+
+@dataclass(frozen=True)
+class Media:
+    channel: int
+    track: str
+    audio: bytes
+
+
+@dataclass(frozen=True)
+class Note:
+    """`dtmf` or `mark`: passed on to subscribers."""
+
+    message: dict
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+class TwilioProtocol:
+    """Twilio's messages in, actions out: `Start`, `Media`, `Note`, `Stop` (or TwilioError)."""
+
+    def __init__(self) -> None:
+        self.started: Start | None = None
+        self.stopped = False
+
+    def receive(self, text: str) -> Start | Media | Note | Stop | None:
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            raise TwilioError("bad_json", "a Twilio message must be JSON") from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
+            raise TwilioError("unknown_event", "a Twilio message needs a string `event`")
+        kind = msg["event"]
+        if kind == "connected":
+            return None
+        if kind == "start":
+            return self._start(msg)
+        if self.started is None:
+            raise TwilioError("not_started", f"`{kind}` before `start`")
+        if kind == "media":
+            media = msg.get("media")
+            if not isinstance(media, dict) or not isinstance(media.get("payload"), str):
+                raise TwilioError("bad_media", "`media.payload` must be base64 μ-law")
+            track = media.get("track", "inbound")
+            if track not in TRACKS:
+                raise TwilioError("bad_media", f"unknown track {track!r} (inbound, outbound)")
+            try:
+                audio = base64.b64decode(media["payload"], validate=True)
+            except (binascii.Error, ValueError):
+                raise TwilioError("bad_media", "`media.payload` is not valid base64") from None
+            return Media(TRACKS[track], track, audio)
+        if kind == "dtmf":
+            dtmf = msg.get("dtmf") if isinstance(msg.get("dtmf"), dict) else {}
+            return Note({"type": "dtmf", "digit": dtmf.get("digit"), "track": dtmf.get("track")})
+        if kind == "mark":
+            mark = msg.get("mark") if isinstance(msg.get("mark"), dict) else {}
+            return Note({"type": "mark", "name": mark.get("name")})
+        if kind == "stop":
+            self.stopped = True
+            return Stop()
+        raise TwilioError("unknown_event", f"unknown Twilio event {kind!r}")
+
+    def _start(self, msg: dict) -> Start:
+        if self.started is not None:
+            raise TwilioError("already_started", "a second `start`")
+        start = msg.get("start")
+        if not isinstance(start, dict):
+            raise TwilioError("bad_start", "`start` must be an object", fatal=True)
+        sid = start.get("streamSid") or msg.get("streamSid")
+        if not isinstance(sid, str) or not sid:
+            raise TwilioError("bad_start", "`start.streamSid` is missing", fatal=True)
+        tracks = start.get("tracks") or ["inbound"]
+        if not isinstance(tracks, list) or not tracks or any(t not in TRACKS for t in tracks):
+            raise TwilioError("bad_start", f"`start.tracks` must list inbound and/or outbound, not {tracks!r}",
+                              fatal=True)
+        fmt = start.get("mediaFormat") or {}
+        encoding, rate, channels = fmt.get("encoding", "audio/x-mulaw"), fmt.get("sampleRate", RATE), \
+            fmt.get("channels", 1)
+        if (encoding, rate, channels) != ("audio/x-mulaw", RATE, 1):
+            raise TwilioError("bad_start", f"mediaFormat must be audio/x-mulaw, 8000 Hz, 1 channel, not "
+                                           f"{encoding}, {rate}, {channels}", fatal=True)
+        params = start.get("customParameters") if isinstance(start.get("customParameters"), dict) else {}
+        self.started = Start(sid, start.get("callSid"), start.get("accountSid"), list(tracks), params, fmt)
+        return self.started
+
+
+@dataclass
+class Feed:
+    """The events of one call for its subscribers."""
+
+    history: list[dict] = field(default_factory=list)
+    subscribers: set[Outbox] = field(default_factory=set)
+    done: bool = False
+
+    def publish(self, message: dict) -> None:
+        self.history.append(message)
+        for outbox in self.subscribers:
+            outbox.send(message)
+
+    def end(self) -> None:
+        self.done = True
+        for outbox in self.subscribers:
+            outbox.close(1000)
+        self.subscribers.clear()
+
+
+class TwilioHub:
+    """Feeds by `streamSid` and `callSid` (a subscriber may know either)."""
+
+    def __init__(self) -> None:
+        self.feeds: dict[str, Feed] = {}
+
+    def feed(self, key: str) -> Feed:
+        return self.feeds.setdefault(key, Feed())
+
+    def join(self, keys: list[str]) -> Feed:
+        """One feed under all `keys`, taking over the subscribers that waited under any of them."""
+        feed = Feed()
+        for key in keys:
+            waiting = self.feeds.get(key)
+            if waiting is not None and not waiting.done:
+                feed.subscribers |= waiting.subscribers
+            self.feeds[key] = feed
+        return feed
+
+    def forget(self, keys: list[str], feed: Feed) -> None:
+        for key in keys:
+            if self.feeds.get(key) is feed:
+                del self.feeds[key]
+
+
+def hub(state: ServerState) -> TwilioHub:
+    return state.twilio.setdefault("hub", TwilioHub())
+
+
+class TwilioStream(SocketStream):
+    """One Twilio Media Stream."""
+
+    transport = "twilio"
+
+    def __init__(self, ws: WebSocket, state: ServerState):
+        super().__init__(ws, state, secrets.token_hex(8))
+        self._protocol = TwilioProtocol()
+        self._channels: ChannelStreams | None = None
+        self._feed: Feed | None = None
+        self._keys: list[str] = []
+        self._start: Start | None = None
+
+    def _authorized(self) -> bool:
+        return True  # Twilio sends no headers of ours: the key comes as a <Parameter> in `start`
+
+    def _refuse(self, kind: str, message: str, close_code: int) -> None:
+        self._outbox.close(close_code)
+
+    def _publish(self, message: dict) -> None:
+        if message.get("type") == "error":
+            self.state.metrics.errors.labels(message["code"]).inc()
+        if self._feed is not None:
+            self._feed.publish(message)
+
+    async def _serve(self) -> None:
+        self._receiver = asyncio.ensure_future(self._receive_loop())
+        await asyncio.wait([self._receiver])
+        reason = "shutdown" if self._receiver.cancelled() else self._receiver.result()
+        if self._channels is not None:
+            # The call's audio is complete even when Twilio just closed the socket: finish it.
+            await self._channels.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+        if self._feed is not None:
+            self._publish({"type": "closed", "reason": "stop" if reason in ("stop", "disconnect") else reason})
+            self._feed.end()
+            feed, keys = self._feed, self._keys
+            asyncio.get_running_loop().call_later(FEED_KEEP_S, hub(self.state).forget, keys, feed)
+        if reason == "disconnect":
+            self._outbox.abandon()
+        else:
+            self._outbox.close({"shutdown": 1001, "error": 1008}.get(reason, 1000))
+
+    async def _receive_loop(self) -> str:
+        limit = self.state.settings.server.max_message_bytes
+        while True:
+            message = await self._next_message()
+            if isinstance(message, str):
+                return message
+            text = message.get("text")
+            if text is None or len(text) > limit:
+                self._publish(TwilioError("bad_message", "Twilio sends JSON text messages under the size limit")
+                              .event())
+                continue
+            try:
+                action = self._protocol.receive(text)
+            except TwilioError as e:
+                self._publish(e.event())
+                if e.fatal:
+                    return "error"
+                continue
+            if isinstance(action, Start):
+                if not self._on_start(action):
+                    return "error"
+            elif isinstance(action, Media):
+                if action.audio:
+                    self._channels.push_channel(action.channel, action.audio)
+            elif isinstance(action, Note):
+                self._publish({**action.message, "t": round(self._channels.stream_time, 3)})
+            elif isinstance(action, Stop):
+                return "stop"
+
+    def _on_start(self, start: Start) -> bool:
+        key = self.state.settings.server.api_key
+        given = start.custom_parameters.get("api_key")
+        if key and not authorized(self.ws.scope, key) and not (
+                isinstance(given, str) and hmac.compare_digest(given.encode(), key.encode())):
+            log.warning("twilio %s: refused (no or wrong api_key parameter)", start.stream_sid)
+            return False
+        self._start = start
+        self._keys = [k for k in (start.stream_sid, start.call_sid) if k]
+        self._feed = hub(self.state).join(self._keys)
+        streaming = self.state.settings.streaming
+        language = streaming.language if self.state.engine.tokenizer.multilingual else "en"
+
+        def make_bridge(channel: int | None) -> Bridge:
+            track = next(t for t, c in TRACKS.items() if c == channel)
+
+            def emit(event: StreamEvent) -> None:
+                if isinstance(event, Finalized) and event.error is not None:
+                    self._publish({"type": "error", "code": "internal", "message": event.error, "channel": channel})
+                    return
+                message = event_dict(event)
+                if message is not None:
+                    self._publish({**message, "channel": channel, "track": track})
+
+            return Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics, emit,
+                          session_id=self.session_id, language=language, task=streaming.task)
+
+        self._channels = ChannelStreams(rate=RATE, channels=len(TRACKS), encoding="mulaw", multichannel=True,
+                                        make_bridge=make_bridge)
+        params = {k: v for k, v in start.custom_parameters.items() if k != "api_key"}
+        self._publish({"type": "start", "streamSid": start.stream_sid, "callSid": start.call_sid,
+                       "tracks": start.tracks, "customParameters": params, "model": self.state.engine.model_name})
+        return True
+
+
+async def twilio_endpoint(ws: WebSocket) -> None:
+    await TwilioStream(ws, ws.app.state.streamer).run()
+
+
+async def events_endpoint(ws: WebSocket) -> None:
+    """`WS /v1/twilio/events?streamSid=MZ...` (or `?callSid=CA...`): one call's transcript events."""
+    state: ServerState = ws.app.state.streamer
+    await ws.accept()
+    outbox = Outbox(ws)
+    key = ws.query_params.get("streamSid") or ws.query_params.get("callSid")
+    if not authorized(ws.scope, state.settings.server.api_key):
+        outbox.send({"type": "error", "code": "unauthorized", "message": "missing or wrong API key"})
+        outbox.close(1008)
+    elif not key:
+        outbox.send({"type": "error", "code": "bad_field", "message": "name the call: ?streamSid=... or ?callSid=...",
+                     "field": "streamSid"})
+        outbox.close(1008)
+    else:
+        feed = hub(state).feed(key)
+        outbox.send({"type": "subscribed", "key": key})
+        for message in feed.history:
+            outbox.send(message)
+        if feed.done:
+            outbox.close(1000)
+        else:
+            feed.subscribers.add(outbox)
+            try:
+                while True:  # until the client goes or the call ends (the feed closes the outbox)
+                    try:
+                        message = await asyncio.wait_for(ws.receive(), state.settings.server.idle_timeout_s)
+                    except asyncio.TimeoutError:
+                        current = hub(state).feeds.get(key)
+                        if current is not None and current.history:
+                            continue  # the call is on: a subscriber only listens
+                        outbox.send({"type": "closed", "reason": "idle_timeout"})  # no such call came
+                        outbox.close(1000)
+                        break
+                    if message["type"] == "websocket.disconnect":
+                        break
+            except RuntimeError:  # the feed closed the socket
+                pass
+            finally:
+                current = hub(state).feeds.get(key)
+                for f in (feed, current):
+                    if f is not None:
+                        f.subscribers.discard(outbox)
+                if not feed.history and not feed.done and hub(state).feeds.get(key) is feed and not feed.subscribers:
+                    del hub(state).feeds[key]
+    await outbox.wait(FINISH_TIMEOUT_S)
+
+
+routes = [
+    WebSocketRoute("/v1/twilio", twilio_endpoint),
+    WebSocketRoute("/v1/twilio/events", events_endpoint),
+]

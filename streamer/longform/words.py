@@ -38,7 +38,7 @@ async def add_segment_words(engine, audio: np.ndarray, segments: list, *, langua
     if not segments:
         return
     item = AlignmentItem(audio, [t for s in segments for t in s.tokens])
-    (timings,) = await engine.call(find_word_timings, engine.loaded, [item], language, task)
+    (timings,) = await engine.align([item], language, task)
     per_segment = words_in_segments(timings, [(s.start, s.end, len(s.tokens)) for s in segments], offset=0.0)
     for seg, words in zip(segments, per_segment):
         seg.words = words

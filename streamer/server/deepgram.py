@@ -39,7 +39,7 @@ from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server.state import ServerState
-from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped
+from streamer.streaming.events import Final, Partial, SpeechStarted
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")

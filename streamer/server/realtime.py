@@ -327,7 +327,7 @@ class RealtimeStream(SocketStream):
             kind = fmt.get("type", "audio/pcm")
             if isinstance(kind, str) and kind in G711_FORMATS:
                 if fmt.get("rate", G711_RATE) != G711_RATE:
-                    raise InvalidValue(f"{kind} is 8000 Hz, not {json.dumps(fmt['rate'])}",
+                    raise InvalidValue(f"{kind} is 8000 Hz, not {v.show(fmt['rate'])}",
                                        "session.audio.input.format.rate")
                 config = dataclasses.replace(config, rate=G711_RATE, encoding=G711_FORMATS[kind])
             elif kind != "audio/pcm":

@@ -129,7 +129,7 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
     rate, encoding, channels, multichannel = 16000, "pcm_s16le", 1, False
     if audio_fields:
         if "multichannel" in msg:
-            multichannel = _boolean(msg, "multichannel")
+            multichannel = _checked(v.boolean, msg["multichannel"], "multichannel")
         if "sample_rate" in msg:
             rate = _checked(v.integer, msg["sample_rate"], "sample_rate", 8000, 192000)
         if "encoding" in msg:

@@ -22,7 +22,6 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket

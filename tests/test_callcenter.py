@@ -152,7 +152,7 @@ def test_g711_streams_and_uploads(ws_base, base, jfk):
     with httpx.Client(base_url=base, headers=AUTH, timeout=120) as http:
         for codec in ("pcm_mulaw", "pcm_alaw"):
             r = http.post("/v1/audio/transcriptions", files={"file": ("call.wav", g711_wav(audio8k, codec))},
-                          data={"response_format": "json"})
+                          data={"model": "whisper-1", "response_format": "json"})
             assert r.status_code == 200, r.text
             assert wer(JFK, r.json()["text"]) < 0.25, (codec, r.json())
 
@@ -193,7 +193,7 @@ def test_multichannel_upload(base, stereo, tmp_path):
     write_wav(path, audio)
     with httpx.Client(base_url=base, headers=AUTH, timeout=120) as http:
         r = http.post("/v1/audio/transcriptions", files={"file": ("call.wav", path.read_bytes())},
-                      data={"multichannel": "true", "response_format": "verbose_json",
+                      data={"model": "whisper-1", "multichannel": "true", "response_format": "verbose_json",
                             "timestamp_granularities[]": ["segment", "word"]})
         assert r.status_code == 200, r.text
         body = r.json()

@@ -196,7 +196,7 @@ def bad_realtime(rng: random.Random) -> str:
         session = rng.choice([
             {"type": "realtime"}, {"type": []}, {"type": {}},
             {"audio": []}, {"audio": {"input": 5}}, {"audio": {"input": {"format": "pcm"}}},
-            {"audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+            {"audio": {"input": {"format": {"type": "audio/pcmu", "rate": rng.choice([16000, 7999, 8000.5, []])}}}},  # G.711 is 8 kHz only
             {"audio": {"input": {"format": {"type": "audio/pcm", "rate": rng.choice(nasty + [24000.0, 7999, 48001])}}}},
             {"audio": {"input": {"transcription": rng.choice([1, [], "x"])}}},
             {"audio": {"input": {"transcription": {"language": rng.choice([1, [], {}, "de", "x" * 100])}}}},

@@ -25,7 +25,7 @@ import numpy as np
 from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window
-from streamer.longform.speech import find_speech, is_silent, left_out
+from streamer.longform.speech import find_speech, left_out
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -102,7 +102,7 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
         advance = window_s
-        if not is_silent(result, options):
+        if not result.verdict.silence:
             spans, advance, consumed = complete_segments(result.tokens, tok, window_s)
             window.segments = make_segments(spans, result, tok, window)
             resume = left_out(speech, window)

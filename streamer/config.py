@@ -79,7 +79,17 @@ class StreamingConfig:
     task: str = "transcribe"
     """`transcribe` or `translate` (to English)."""
     condition_on_previous: bool = True
-    """Prompt each utterance with the previous final text."""
+    """Prompt each utterance with the previous finals' text (openai's `condition_on_previous_text`),
+    under the rules of `streaming/session.py`: only finals that passed every check, at most
+    `prompt_max_tokens`, dropped after a pause of `prompt_reset_pause_s`."""
+    prompt: str | None = None
+    """Text that opens every utterance's prompt (names, spelling), also with conditioning off;
+    OpenAI Realtime's `transcription.prompt`."""
+    prompt_max_tokens: int = 128
+    """The previous finals' text in a prompt is cut to its last this many tokens (Whisper takes 223)."""
+    prompt_reset_pause_s: float = 10.0
+    """After a pause this long between finals the previous text no longer prompts: a new topic or
+    speaker, and an odd spelling carried on is the worse risk."""
 
 
 @dataclass(frozen=True)

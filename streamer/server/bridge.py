@@ -200,15 +200,23 @@ class Bridge:
                 return wall
         return self._marks[-1][1] if self._marks else time.monotonic()
 
+    def _prompt_tokens(self, window: SubmitWindow) -> tuple[int, ...] | None:
+        """The window's prompt as tokens, cut to the session's bound (its newest tokens)."""
+        if not window.prompt:
+            return None
+        tokens = self.engine.tokenizer.encode(" " + window.prompt.strip())
+        return tuple(tokens[-self.session.config.prompt_max_tokens:]) or None
+
     def _options(self, window: SubmitWindow) -> DecodeOptions:
+        prompt = self._prompt_tokens(window)
         if window.kind == "final":
             # As offline transcription decodes, with timestamps for the final's stream span.
-            return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True)
+            return DecodeOptions(task=self.task, language=self.language, prompt_tokens=prompt, timestamps=True)
         # A partial is shown only if its greedy decode is good: the fallback to higher temperatures
         # costs a full decode per temperature (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s
         # with all six), and a loop is cut short.
         max_tokens = int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * len(window.audio) / SAMPLE_RATE)
-        return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, temperatures=(0.0,),
+        return DecodeOptions(task=self.task, language=self.language, prompt_tokens=prompt, temperatures=(0.0,),
                              max_new_tokens=min(max_tokens, self.engine.config.max_new_tokens))
 
     def _spawn(self, coro) -> None:
@@ -272,8 +280,15 @@ class Bridge:
         window = job.window
         result, error = None, None
         try:
+            if job.previous is not None and self.session.config.condition_on_previous:
+                await job.previous.wait()  # its text belongs in this prompt, however fast it came
+                window = self.session.reprompt(window)
             job.handle = await self._submit_with_patience(window)
             result = await self._result(job.handle, "final")
+            unprompted = self.session.retry_unprompted(window, result)
+            if unprompted is not None:
+                job.handle = await self._submit_with_patience(unprompted)
+                result = await self._result(job.handle, "final")
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -82,6 +82,8 @@ class RealtimeConfig:
     language: str | None
     prompt: str
     turn_detection: TurnDetection | None
+    condition_on_previous_text: bool = True
+    """Prompt each item with the previous items' text (an extension of OpenAI's API)."""
 
 
 class InvalidValue(Exception):
@@ -127,7 +129,8 @@ class RealtimeStream(SocketStream):
         vad = state.settings.streaming.vad
         self.config = RealtimeConfig(
             rate=DEFAULT_RATE, language=state.settings.streaming.language, prompt="",
-            turn_detection=TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms))
+            turn_detection=TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms),
+            condition_on_previous_text=state.settings.streaming.condition_on_previous)
         self._seg: _Segmentation | None = None
         """The segmentation that takes new audio (None until the first append after a change)."""
         self._segs: dict[int, _Segmentation] = {}
@@ -279,6 +282,9 @@ class RealtimeStream(SocketStream):
                 self._retire(FINISH_TIMEOUT_S)
             else:
                 seg.bridge.language = self._decoder_language(config.language)
+                session_ = seg.bridge.session  # the next items' prompts follow the new settings
+                session_.config = dataclasses.replace(session_.config, prompt=config.prompt.strip() or None,
+                                                      condition_on_previous=config.condition_on_previous_text)
         self.config = config
         if beta:
             self._event("transcription_session.updated", session=self._session_wire(beta=True))
@@ -337,6 +343,12 @@ class RealtimeStream(SocketStream):
             if not isinstance(value["prompt"], str):
                 raise InvalidValue("prompt must be a string", f"{param}.prompt")
             config = dataclasses.replace(config, prompt=value["prompt"])
+        if "condition_on_previous_text" in value:
+            flag = value["condition_on_previous_text"]
+            if not isinstance(flag, bool):
+                raise InvalidValue(f"condition_on_previous_text must be true or false, not {json.dumps(flag)}",
+                                   f"{param}.condition_on_previous_text")
+            config = dataclasses.replace(config, condition_on_previous_text=flag)
         return config
 
     def _turn_detection(self, config: RealtimeConfig, value: Any, param: str) -> RealtimeConfig:
@@ -357,7 +369,8 @@ class RealtimeStream(SocketStream):
     def _session_wire(self, beta: bool | None = None) -> dict:
         beta = self.beta if beta is None else beta
         c = self.config
-        transcription = {"model": self.state.engine.model_name, "language": c.language, "prompt": c.prompt}
+        transcription = {"model": self.state.engine.model_name, "language": c.language, "prompt": c.prompt,
+                         "condition_on_previous_text": c.condition_on_previous_text}
         turn = c.turn_detection.wire() if c.turn_detection is not None else None
         if beta:
             return {"id": self.session_id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
@@ -387,6 +400,9 @@ class RealtimeStream(SocketStream):
             vad = dataclasses.replace(defaults.vad, threshold=t.threshold, speech_pad_ms=t.prefix_padding_ms,
                                       min_silence_ms=t.silence_duration_ms, neg_threshold=None)
             streaming = dataclasses.replace(defaults, vad=vad, partials=True)
+        # The item prompt opens every item's prompt, before the previous items' text.
+        streaming = dataclasses.replace(streaming, prompt=c.prompt.strip() or None,
+                                        condition_on_previous=c.condition_on_previous_text)
         self._numbers += 1
         bridge = Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics,
                         functools.partial(self._on_event, self._numbers), session_id=self.session_id,

@@ -4,10 +4,11 @@ Base64 PCM16 in `input_audio_buffer.append` (24 kHz unless the session's format 
 rate) is resampled and fed to a `Bridge`, whose events become Realtime events:
 
     SpeechStarted -> input_audio_buffer.speech_started (server VAD only)
-    Partial       -> ...transcription.delta with the newly stable text (server VAD only)
     SpeechStopped -> input_audio_buffer.speech_stopped (server VAD only)
     Committed     -> input_audio_buffer.committed (a cut also gets speech_stopped / speech_started)
-    Finalized     -> the rest as a delta, then ...transcription.completed (or .failed), in commit order
+    Finalized     -> the transcript as one delta, then ...transcription.completed (or .failed), in
+                     commit order: the deltas of an item join exactly to its transcript, so no
+                     partial decodes run for Realtime items (their text could differ from the final's)
 
 With `turn_detection: null` the client cuts items: the Session then runs with a VAD that hears
 speech everywhere and never ends it by silence (threshold 0, no negative threshold), so its one
@@ -40,7 +41,7 @@ from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
 from streamer.server.state import ServerState
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server.stream import ProtocolError, model_info, parse_language
-from streamer.streaming.events import Partial, SpeechStarted, SpeechStopped
+from streamer.streaming.events import SpeechStarted, SpeechStopped
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -95,8 +96,6 @@ class InvalidValue(Exception):
 @dataclass
 class _Item:
     id: str
-    sent: str = ""
-    """Text already sent as deltas."""
     stopped: bool = False
     """speech_stopped was sent."""
 
@@ -399,7 +398,7 @@ class RealtimeStream(SocketStream):
             t = c.turn_detection
             vad = dataclasses.replace(defaults.vad, threshold=t.threshold, speech_pad_ms=t.prefix_padding_ms,
                                       min_silence_ms=t.silence_duration_ms, neg_threshold=None)
-            streaming = dataclasses.replace(defaults, vad=vad, partials=True)
+            streaming = dataclasses.replace(defaults, vad=vad, partials=False)
         # The item prompt opens every item's prompt, before the previous items' text.
         streaming = dataclasses.replace(streaming, prompt=c.prompt.strip() or None,
                                         condition_on_previous=c.condition_on_previous_text)
@@ -444,12 +443,6 @@ class RealtimeStream(SocketStream):
                 pad = seg.config.turn_detection.prefix_padding_ms / 1000.0
                 self._event("input_audio_buffer.speech_started", audio_start_ms=ms(max(0.0, event.t - pad)),
                             item_id=item.id)
-        elif isinstance(event, Partial):
-            item = self._item(number, event.utterance_id)
-            # Only text that has become stable: deltas are never taken back.
-            if event.stable.startswith(item.sent) and len(event.stable) > len(item.sent):
-                self._event(DELTA, item_id=item.id, content_index=0, delta=event.stable[len(item.sent):])
-                item.sent = event.stable
         elif isinstance(event, SpeechStopped):
             if not seg.manual:
                 item = self._item(number, event.utterance_id)
@@ -480,13 +473,12 @@ class RealtimeStream(SocketStream):
             messages.append((FAILED, {"item_id": item.id, "content_index": 0, "error": {
                 "type": "server_error", "code": "internal_error", "message": event.error, "param": None}}))
         else:
+            # Deltas come from the final decode alone, so that they join to the transcript exactly:
+            # a partial's text, stable or not, may differ from the final's (case, punctuation, a
+            # word that the whole utterance decodes otherwise).
             transcript = event.final.text if event.final is not None else ""
-            if seg.manual:
-                rest = transcript
-            else:
-                rest = transcript[len(item.sent):] if transcript.startswith(item.sent) else ""
-            if rest:
-                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": rest}))
+            if transcript:
+                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": transcript}))
             messages.append((COMPLETED, {"item_id": item.id, "content_index": 0, "transcript": transcript,
                                          "usage": {"type": "duration", "seconds": round(event.duration, 3)}}))
         self._completions[item.id] = messages

@@ -73,7 +73,26 @@ def reference_words(rec: dict, start: float, end: float) -> int:
     return int(rate * (end - start)) + 2
 
 
-async def stream_native(base: str, rec: dict, pace: float, condition: bool) -> list[dict]:
+async def engine_idle(engine, ping, quiet_s: float = 1.5) -> None:
+    """Until the engine has had nothing queued or live for `quiet_s` (every final is in): `stop`
+    gives the server a bounded time to finish, and a fast pace outruns a busy CPU. `ping()` every
+    few seconds keeps the stream from its idle timeout meanwhile."""
+    quiet_since, pinged = None, time.monotonic()
+    while True:
+        if time.monotonic() - pinged > 5:
+            await ping()
+            pinged = time.monotonic()
+        m = engine.metrics()
+        if m["queue_depth"] == 0 and m["live_sequences"] == 0:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= quiet_s:
+                return
+        else:
+            quiet_since = None
+        await asyncio.sleep(0.1)
+
+
+async def stream_native(base: str, rec: dict, pace: float, condition: bool, engine, partials: bool) -> list[dict]:
     """Finals of one `/v1/stream` session: [{'text', 'start', 'end'}]."""
     import websockets
 
@@ -83,7 +102,7 @@ async def stream_native(base: str, rec: dict, pace: float, condition: bool) -> l
     async with websockets.connect(base.replace("http", "ws") + "/v1/stream", max_size=None) as ws:
         await ws.send(json.dumps({"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
                                   "language": language if language != "en" else None,
-                                  "condition_on_previous_text": condition}))
+                                  "condition_on_previous_text": condition, "partials": partials}))
         ready = json.loads(await ws.recv())
         assert ready["type"] == "ready", ready
         finals: list[dict] = []
@@ -92,6 +111,7 @@ async def stream_native(base: str, rec: dict, pace: float, condition: bool) -> l
             for i in range(0, len(pcm), chunk):
                 await ws.send(pcm[i:i + chunk])
                 await asyncio.sleep(CHUNK_S / pace)
+            await engine_idle(engine, lambda: ws.send(json.dumps({"type": "ping"})))
             await ws.send(json.dumps({"type": "stop"}))
 
         sender = asyncio.ensure_future(send())
@@ -107,7 +127,7 @@ async def stream_native(base: str, rec: dict, pace: float, condition: bool) -> l
         return finals
 
 
-async def stream_realtime(base: str, rec: dict, pace: float, condition: bool) -> list[dict]:
+async def stream_realtime(base: str, rec: dict, pace: float, condition: bool, engine=None, partials=None) -> list[dict]:
     """Items of one `/v1/realtime` session through the openai SDK:
     [{'text' (completed.transcript), 'deltas' (joined), 'start', 'end'}]."""
     from openai import AsyncOpenAI
@@ -215,6 +235,8 @@ def main() -> None:
     parser.add_argument("--condition", default="off", help="previous-text conditioning of the live runs: on, off or on,off")
     parser.add_argument("--pace", type=float, default=4.0, help="times real time")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partials", default="off", help="on: /v1/stream decodes partials too (finals never "
+                        "see them; off saves CPU on a shared machine; Realtime items run none)")
     parser.add_argument("--offline", default="fast,accurate", help=f"of {', '.join(OFFLINE)}, or none")
     parser.add_argument("--out", default="bench_live_accuracy.json")
     args = parser.parse_args()
@@ -244,7 +266,7 @@ def main() -> None:
                     for run in range(args.runs):
                         t0 = time.perf_counter()
                         client = stream_native if transport == "stream" else stream_realtime
-                        finals = asyncio.run(client(base, rec, args.pace, condition))
+                        finals = asyncio.run(client(base, rec, args.pace, condition, engine, args.partials == "on"))
                         rows.append(live_row(rec, system, run, finals, time.perf_counter() - t0))
                         print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s"]),
                               flush=True)

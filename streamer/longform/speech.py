@@ -53,3 +53,10 @@ def left_out(speech: list[tuple[int, int]], window: Window) -> int | None:
     covered = round(window.segments[-1].end * SAMPLE_RATE)
     end = window.start + window.length
     return covered if speech_seconds(speech, covered, end) >= UNHEARD_SPEECH_S else None
+
+
+def heard(speech: list[tuple[int, int]], segments: list) -> list:
+    """The `segments` (times in seconds from the recording's start) that overlap speech at all:
+    text the model wrote over audio where the VAD hears none (a noise gap, a long pause) is
+    invented, as Whisper's "Thank you." on silence is."""
+    return [s for s in segments if speech_seconds(speech, round(s.start * SAMPLE_RATE), round(s.end * SAMPLE_RATE)) > 0]

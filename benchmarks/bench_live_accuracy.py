@@ -245,7 +245,9 @@ def main() -> None:
     from streamer.engine.engine import Engine
     from streamer.server.app import create_app, running
 
-    settings = load_settings({"MODEL_ID": args.model})
+    # Faster than real time the engine runs behind the audio; a client that has sent everything and
+    # waits for its last finals must not meet the server's idle timeout.
+    settings = load_settings({"MODEL_ID": args.model, "IDLE_TIMEOUT_S": "3600"})
     engine = Engine.load(ModelConfig(model=args.model, device="cpu"), settings.engine)
     offline = [s for s in args.offline.split(",") if s in OFFLINE]
     fw = None

@@ -82,8 +82,21 @@ class StreamingConfig:
     """None detects the language (multilingual models only)."""
     task: str = "transcribe"
     """`transcribe` or `translate` (to English)."""
-    condition_on_previous: bool = True
-    """Prompt each utterance with the previous final text."""
+    condition_on_previous: bool = False
+    """Prompt each utterance with the previous finals' text (openai's `condition_on_previous_text`),
+    under the rules of `streaming/session.py`: only finals that passed every check, at most
+    `prompt_max_tokens`, dropped after a pause of `prompt_reset_pause_s`. Off by default: on the
+    8-minute messy join (tiny.en) live WER was 5.85 % with it and 5.24 % without (offline `fast`
+    4.84 %), on the shared 6-minute file 3.07 % either way (docs/benchmarks.md); without it a final
+    also need not wait for the previous one."""
+    prompt: str | None = None
+    """Text that opens every utterance's prompt (names, spelling), also with conditioning off;
+    OpenAI Realtime's `transcription.prompt`."""
+    prompt_max_tokens: int = 128
+    """The previous finals' text in a prompt is cut to its last this many tokens (Whisper takes 223)."""
+    prompt_reset_pause_s: float = 10.0
+    """After a pause this long between finals the previous text no longer prompts: a new topic or
+    speaker, and an odd spelling carried on is the worse risk."""
 
 
 @dataclass(frozen=True)

@@ -311,3 +311,44 @@ def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():
             assert result.temperature == 0.0
     finally:
         engine.close()
+
+
+def test_a_sampled_fallback_gives_the_same_text_every_run(engine, jfk_path):
+    """Sampled attempts draw from a generator seeded by the window's audio and the attempt: the
+    same window gives the same text alone, twice, and beside another sampled window in one step."""
+    audio = decode_audio(jfk_path)
+    noisy = audio + 0.3 * np.random.default_rng(0).standard_normal(len(audio)).astype(np.float32)
+    opts = DecodeOptions(language="en")
+
+    async def main():
+        first = await engine.transcribe(noisy, opts)
+        second = await engine.transcribe(noisy, opts)
+        beside, _ = await asyncio.gather(engine.transcribe(noisy, opts),
+                                         engine.transcribe(audio, DecodeOptions(temperatures=(0.7,))))
+        other_seed = await engine.transcribe(noisy, DecodeOptions(language="en", seed=12345))
+        return first, second, beside, other_seed
+
+    first, second, beside, other_seed = asyncio.run(main())
+    assert first.temperature > 0 and first.verdict.temperature == first.temperature
+    assert first.text and first.text == second.text == beside.text
+    assert first.tokens == second.tokens == beside.tokens
+    assert other_seed.temperature > 0  # a given seed is used instead (it samples other draws)
+
+
+def test_the_verdict_judges_once_with_the_request_thresholds():
+    from streamer.model.decoding import judge, repeats_itself
+
+    opts = DecodeOptions()
+    loop = " Montreal forced a liner." * 4
+    assert repeats_itself(loop) and not repeats_itself(" Please enter your agent number followed by the pound key.")
+    assert not repeats_itself(" Press one. For sales press two. For support press three.")
+    assert not repeats_itself(" no no no")  # a short repeat is speech
+    v = judge(loop, -0.2, 0.1, 1.9, False, opts)
+    assert v.repetition and not v.loop and not v.fallback and not v.ok and not v.conditions
+    v = judge(" Good morning.", -0.3, 0.1, 1.0, False, opts, temperature=0.6)
+    assert v.ok and not v.conditions  # openai's rule: no prompt after a fallback above 0.5
+    v = judge(" Good morning.", -1.3, 0.1, 1.0, False, opts)
+    assert v.poor and v.fallback
+    assert not judge(" Good morning.", -1.3, 0.1, 1.0, False, DecodeOptions(logprob_threshold=-2.0)).poor
+    v = judge(" you", -0.3, 0.95, 1.0, False, opts)
+    assert v.silence and not v.poor and not v.fallback

@@ -148,9 +148,9 @@ def check_items(events: list[dict]) -> list[str]:
     previous = [e["previous_item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
     assert previous == [None] + committed[:-1]
     for e in completed:
-        # Deltas never take text back; when the final revised stable text, `completed` holds the truth.
+        # The deltas of every item join exactly to its transcript (docs/protocol.md).
         deltas = "".join(d["delta"] for d in events if d["type"] == DELTA and d["item_id"] == e["item_id"])
-        assert deltas or not e["transcript"], e
+        assert deltas == e["transcript"], e
         assert e["usage"]["type"] == "duration" and e["usage"]["seconds"] > 0
     starts = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
     assert starts == sorted(starts)
@@ -310,33 +310,32 @@ def test_errors_keep_the_session(base):
     asyncio.run(run())
 
 
-def test_deltas_while_speaking(base, jfk_path):
-    """Stable partial text arrives as deltas before the item is committed; at real-time pace,
-    with a 2-s silence threshold that keeps the speech one item."""
+def test_the_prompt_opens_each_item_and_bad_conditioning_is_an_error(base, jfk_path):
+    """`transcription.prompt` prompts the items (an all-caps prompt makes tiny.en write in capitals);
+    `condition_on_previous_text` that is not a boolean is an error naming the field, and the
+    session goes on. The deltas of the item join to its transcript."""
     pcm = pcm24k(decode_audio(jfk_path)) + silence(2.5)
 
     async def run():
         async with sdk(base).realtime.connect(extra_query={"intent": "transcription"}) as connection:
             await connection.recv()
             await connection.session.update(session={"type": "transcription", "audio": {"input": {
+                "transcription": {"prompt": "AND SO MY FELLOW AMERICANS", "condition_on_previous_text": "yes"}}}})
+            error = (await connection.recv()).to_dict()
+            await connection.session.update(session={"type": "transcription", "audio": {"input": {
+                "transcription": {"prompt": "AND SO MY FELLOW AMERICANS", "condition_on_previous_text": False},
                 "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}})
-            await connection.recv()
-            chunk = int(CHUNK_S * RATE) * 2
+            updated = (await connection.recv()).to_dict()
+            sender = asyncio.ensure_future(send_paced(lambda a: connection.input_audio_buffer.append(audio=a), pcm))
+            return error, updated, await asyncio.wait_for(collect(connection, sender), 120)
 
-            async def send():
-                for i in range(0, len(pcm), chunk):
-                    await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + chunk]).decode())
-                    await asyncio.sleep(CHUNK_S)
-
-            return await asyncio.wait_for(collect(connection, asyncio.ensure_future(send())), 120)
-
-    events = asyncio.run(run())
-    transcripts = check_items(events)
-    kinds = [e["type"] for e in events]
-    early = [e["delta"] for e in events[:kinds.index("input_audio_buffer.committed")] if e["type"] == DELTA]
-    assert early, "no delta while the person spoke"
-    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country.",
-               transcripts[0]) < 0.15
+    error, updated, events = asyncio.run(run())
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_value"
+    assert error["error"]["param"] == "session.audio.input.transcription.condition_on_previous_text"
+    transcription = updated["session"]["audio"]["input"]["transcription"]
+    assert transcription["prompt"] == "AND SO MY FELLOW AMERICANS" and transcription["condition_on_previous_text"] is False
+    (transcript,) = check_items(events)
+    assert "ASK NOT WHAT YOUR COUNTRY" in transcript
 
 
 def test_update_mid_stream_keeps_stream_time(base, prompts):

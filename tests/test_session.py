@@ -13,6 +13,7 @@ import pytest
 from streamer.audio.decode import decode_audio
 from streamer.audio.vad import FRAME, SileroVAD, speech_segments
 from streamer.config import StreamingConfig, VADConfig
+from streamer.model.decoding import DecodeOptions, Verdict, judge
 from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
 from streamer.streaming.session import Session
 
@@ -49,6 +50,14 @@ class Result:
     avg_logprob: float = -0.2
     no_speech_prob: float = 0.01
     compression_ratio: float = 1.3
+    temperature: float = 0.0
+    truncated: bool = False
+    verdict: Verdict | None = None
+
+    def __post_init__(self):
+        if self.verdict is None:  # as the engine judges it
+            self.verdict = judge(self.text, self.avg_logprob, self.no_speech_prob, self.compression_ratio,
+                                 self.truncated, DecodeOptions(), self.temperature)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +214,7 @@ def utterance(session: Session, audio: np.ndarray) -> tuple[SubmitWindow, list[S
 
 def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]  # "And so my fellow Americans"
-    session = Session(StreamingConfig(), vad)
+    session = Session(StreamingConfig(condition_on_previous=True), vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt is None
     assert len(session.on_result(w1.window_id, Result(" And so my fellow Americans."))) == 1
@@ -217,11 +226,14 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     w3, _ = utterance(session, clip)
     assert w3.prompt == "And so my fellow Americans. Americans."
 
-    # A repetition loop is shown (it has text and speech) but not used as a prompt.
-    loop = Result(" Americans Americans Americans Americans", compression_ratio=3.1)
+    # A loop (token limit, compressible) is shown (it has text and speech) but resets the prompt,
+    # and the prompted window is to be decoded again without its prompt.
+    loop = Result(" Americans Americans Americans Americans", compression_ratio=3.1, truncated=True)
+    assert Session.retry_unprompted(w3, loop).prompt is None
     assert [e.text for e in session.on_result(w3.window_id, loop)] == [loop.text.strip()]
     w4, _ = utterance(session, clip)
     assert w4.prompt is None
+    assert Session.retry_unprompted(w4, loop) is None  # nothing to take away
     session.on_result(w4.window_id, Result(" Good."))
     w5, _ = utterance(session, clip)
     assert w5.prompt == "Good."
@@ -229,20 +241,60 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     assert session.on_result(w5.window_id, Result(" Good.", avg_logprob=-1.2)) != []
     w6, _ = utterance(session, clip)
     assert w6.prompt is None
-
-    # Whisper's no-speech verdict: no Final at all, and the prompt is reset.
+    # A phrase repeated back to back, short and ended by itself (gzip misses it): the same.
     session.on_result(w6.window_id, Result(" Good."))
     w7, _ = utterance(session, clip)
-    assert w7.prompt == "Good."
-    assert session.on_result(w7.window_id, Result(" Thank you.", no_speech_prob=0.9, avg_logprob=-1.4)) == []
+    repeated = Result(" Montreal forced a liner." * 3, compression_ratio=1.9)
+    assert repeated.verdict.repetition and Session.retry_unprompted(w7, repeated) is not None
+    session.on_result(w7.window_id, repeated)
     w8, _ = utterance(session, clip)
     assert w8.prompt is None
-    assert session.on_result(w8.window_id, Result("  ")) == []  # empty text: no Final either
+    # openai's rule: text from a retry hotter than 0.5 is shown but does not prompt.
+    session.on_result(w8.window_id, Result(" Good."))
+    w9, _ = utterance(session, clip)
+    assert session.on_result(w9.window_id, Result(" Fine.", temperature=0.6)) != []
+    w10, _ = utterance(session, clip)
+    assert w10.prompt is None
+
+    # Whisper's no-speech verdict: no Final at all; the text before it still prompts.
+    session.on_result(w10.window_id, Result(" Good."))
+    w11, _ = utterance(session, clip)
+    assert session.on_result(w11.window_id, Result(" Thank you.", no_speech_prob=0.9, avg_logprob=-1.4)) == []
+    w12, _ = utterance(session, clip)
+    assert w12.prompt == "Good."
+    assert session.on_result(w12.window_id, Result("  ")) == []  # empty text: no Final either
 
     off = Session(StreamingConfig(condition_on_previous=False), vad)
     v1, _ = utterance(off, clip)
     off.on_result(v1.window_id, Result(" And so my fellow Americans."))
     assert utterance(off, clip)[0].prompt is None
+
+
+def test_prompt_is_bounded_opened_by_the_configured_prompt_and_dropped_after_a_pause(vad, jfk):
+    clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]
+    config = StreamingConfig(condition_on_previous=True, prompt="Kennedy.", prompt_max_tokens=4,
+                             prompt_reset_pause_s=5.0)
+    session = Session(config, vad)
+    w1, _ = utterance(session, clip)
+    assert w1.prompt == "Kennedy."  # the configured prompt opens the first one
+    session.on_result(w1.window_id, Result(" And so my fellow Americans."))
+    w2, _ = utterance(session, clip)
+    session.on_result(w2.window_id, Result(" Ask not."))
+    w3, _ = utterance(session, clip)
+    assert w3.prompt == "Kennedy. Ask not."  # at most 4 x 6 characters of previous text
+    session.on_result(w3.window_id, Result(" Ask."))
+    stream(session, np.zeros(6 * SR, np.float32), close=False)  # a 6-s pause
+    w4, _ = utterance(session, clip)
+    assert w4.prompt == "Kennedy."
+    # A final submitted before the previous one's result came back gets its text on `reprompt`.
+    w5, _ = utterance(session, clip)
+    assert w5.prompt == "Kennedy."
+    session.on_result(w4.window_id, Result(" Ask."))
+    assert session.reprompt(w5).prompt == "Kennedy. Ask."
+    off = Session(StreamingConfig(condition_on_previous=False, prompt="Kennedy."), vad)
+    v1, _ = utterance(off, clip)
+    off.on_result(v1.window_id, Result(" And so my fellow Americans."))
+    assert utterance(off, clip)[0].prompt == "Kennedy."
 
 
 def test_flush_and_close(vad, jfk):

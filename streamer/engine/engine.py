@@ -28,7 +28,7 @@ from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.request import SAMPLE_RATE, DecodeOptions, check_options, Priority, Request, RequestState, Result
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
-from streamer.model.decoding import best_attempt, compression_ratio, is_silence, needs_fallback, split_segments
+from streamer.model.decoding import best_attempt, compression_ratio, judge, split_segments
 from streamer.model.weights import LoadedModel, load_model
 from streamer.model.whisper import KVCache
 from streamer.types import Segment
@@ -395,10 +395,7 @@ class Engine:
         result = self.build_result(seq)
         with self._cond:
             ticket = self._tickets.pop(req.id, None)
-        # The ratio is of the whole decoded text (build_result's), also when the window was judged silent.
-        failed = needs_fallback(result.compression_ratio, result.avg_logprob, result.no_speech_prob, opts,
-                                result.truncated)
-        if failed and ticket is not None:
+        if result.verdict.fallback and ticket is not None:
             ticket.attempts.append(result)
             if req.attempt + 1 < len(opts.temperatures) and not self._closed:
                 # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
@@ -429,8 +426,11 @@ class Engine:
         text = tok.decode(tokens)
         avg_logprob = seq.sum_logprob / max(1, len(seq.tokens))
         ratio = compression_ratio(text)
+        truncated = not seq.tokens or seq.tokens[-1] != tok.eot
+        # Judged on the whole decoded text, also when it turns out to be silence.
+        verdict = judge(text, avg_logprob, seq.no_speech_prob, ratio, truncated, req.options, req.temperature)
         segments = []
-        if not is_silence(avg_logprob, seq.no_speech_prob, req.options, text):
+        if not verdict.silence:
             for i, (start, end, seg_tokens) in enumerate(split_segments(tokens, tok, duration)):
                 seg_text = tok.decode(seg_tokens)
                 if seg_text.strip():
@@ -441,7 +441,7 @@ class Engine:
         return Result(request_id=req.id.split(".")[0], text=text.strip(), tokens=tokens, segments=segments,
                       language=seq.language, avg_logprob=avg_logprob, no_speech_prob=seq.no_speech_prob,
                       compression_ratio=ratio, temperature=req.temperature, duration=duration,
-                      truncated=not seq.tokens or seq.tokens[-1] != tok.eot, token_logprobs=logprobs)
+                      truncated=truncated, verdict=verdict, token_logprobs=logprobs)
 
     def _finish(self, ticket: Ticket | None, result: Result | None = None, error: Exception | None = None) -> None:
         if ticket is None or ticket.done:

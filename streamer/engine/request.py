@@ -1,6 +1,7 @@
 """A window of audio to transcribe, how to decode it, and what comes back.
 
-No torch here: the scheduler and the sessions use these types on the CPU alone; the audio or
+No torch here (nor in `model/decoding.py`, where `DecodeOptions` and `Verdict` live and whence
+they are re-exported): the scheduler and the sessions use these types on the CPU alone; the audio or
 log-mel payload is an opaque object that only the runner opens.
 """
 
@@ -11,16 +12,16 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
+from streamer.model.decoding import TASKS, DecodeOptions, Verdict
 from streamer.types import Segment
+
+__all__ = ["DecodeOptions", "Verdict", "TASKS", "Priority", "RequestState", "Request", "Result"]
 
 SAMPLE_RATE = 16000
 """Whisper's input rate; the gateway resamples everything to it."""
 WINDOW_SECONDS = 30
 """Whisper's encoder sees exactly one 30-s window; longer audio is split by `longform`."""
 MAX_WINDOW_SAMPLES = SAMPLE_RATE * WINDOW_SECONDS
-
-TASKS = ("transcribe", "translate")
-
 
 class Priority(IntEnum):
     """Admission class; lower runs first."""
@@ -47,64 +48,6 @@ class RequestState(Enum):
     def done(self) -> bool:
         """The request has left the scheduler for good."""
         return self in (RequestState.FINISHED, RequestState.CANCELLED, RequestState.FAILED)
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """How to decode one window; the defaults are openai/whisper's `transcribe()` defaults."""
-
-    task: str = "transcribe"
-    """`transcribe` in the spoken language, or `translate` to English."""
-    language: str | None = None
-    """Language code such as `en`; None detects it from the audio."""
-    prompt: str | None = None
-    """Previous text to condition on (Whisper's `<|startofprev|>` context)."""
-    prompt_tokens: tuple[int, ...] | None = None
-    """Previous tokens fed verbatim after `<|startofprev|>` instead of `prompt` (the last 223 are
-    kept), timestamp tokens included, as openai/whisper's long-form loop feeds its own output back."""
-    prefix: str | None = None
-    """Text forced at the start of this window's output."""
-    timestamps: bool = False
-    """Predict segment timestamp tokens instead of `<|notimestamps|>`."""
-    word_timestamps: bool = False
-    """Align each word to the audio through the cross-attention heads."""
-    beam_size: int = 1
-    """1 is greedy; more keeps that many hypotheses, each in its own decoder slot."""
-    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-    """Tried in order: the next one is used when a result fails the checks below."""
-    max_new_tokens: int | None = None
-    """Token limit for the window; None uses the engine's limit."""
-    compression_ratio_threshold: float | None = 2.4
-    """A gzip compression ratio above this means a repetition loop: retry hotter."""
-    logprob_threshold: float | None = -1.0
-    """An average log-probability below this means a poor decode: retry hotter."""
-    no_speech_threshold: float | None = 0.6
-    """A no-speech probability above this (with a low log-probability) means silence: no text."""
-    suppress_blank: bool = True
-    """Forbid a blank or end-of-text as the first sampled token."""
-    suppress_tokens: str = "-1"
-    """Comma-separated token ids never sampled; `-1` stands for the model's non-speech symbols."""
-    length_penalty: float | None = None
-    """Beam ranking: None divides log-probability by length, alpha uses Google NMT's penalty."""
-
-    def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, not {self.task!r}")
-        if self.prompt_tokens is not None:
-            if self.prompt:
-                raise ValueError("give prompt or prompt_tokens, not both")
-            # Which ids a model takes is the tokenizer's to say (Engine.submit checks).
-            object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, not {self.beam_size}")
-        # A list would make the options unhashable; take any sequence and keep a tuple.
-        object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
-        if not self.temperatures:
-            raise ValueError("temperatures must not be empty")
-        if any(t < 0 for t in self.temperatures):
-            raise ValueError(f"temperatures must be >= 0, not {self.temperatures}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
 
 
 @dataclass(kw_only=True)
@@ -183,6 +126,8 @@ class Result:
     encoder pass and prefill), measured by the engine."""
     token_logprobs: list[float] = field(default_factory=list)
     """Log probability of each of `tokens` as sampled; empty after beam search."""
+    verdict: Verdict = field(default_factory=Verdict)
+    """Silence, loop, poor decode, judged once with the request's thresholds (`decoding.judge`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, ready for `json.dumps`."""

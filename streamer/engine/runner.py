@@ -18,7 +18,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.engine.request import SAMPLE_RATE
-from streamer.model.decoding import LogitRules, SamplerState
+from streamer.model.decoding import attempt_seed
+from streamer.model.logits import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import KVCache
 
@@ -76,6 +77,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # per sampled token (greedy/sampling; not beams)
     done: bool = False
     group: BeamGroup | None = None  # beam search: the slots of one request share a group
+    generator: torch.Generator | None = None  # a sampled attempt's own draws, seeded from the request
 
     @property
     def id(self) -> str:
@@ -277,7 +279,7 @@ class Runner:
 
     def _decode(self, n: int, any_hot: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.use_graphs:
-            noise = torch.rand(n, self.dims.n_vocab, device=self.device) if any_hot else None
+            noise = self._noise(torch.full((n, self.dims.n_vocab), 0.5, device=self.device), self.slots) if any_hot else None
             kv_len = max(len(s.initial) + len(s.tokens) for s in self.slots)  # > every row's position
             timestamps = any(s.request.options.timestamps for s in self.slots)
             beams = any(s.group is not None for s in self.slots)
@@ -287,9 +289,19 @@ class Runner:
         b = min(self.bucket(n), self.n_slots)
         graph, tokens, logprobs, top = self._graph(b)
         if any_hot:
-            self.noise[:b].uniform_()
+            self._noise(self.noise[:b], self.slots)
         graph.replay()
         return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(top, n)
+
+    @staticmethod
+    def _noise(noise: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Fill `noise` [B, V] with uniform draws, each sampled row's from its own sequence's
+        generator, so that a request's samples do not depend on what else shares the step (rows
+        decoded greedily ignore theirs)."""
+        for row, seq in enumerate(seqs[:noise.shape[0]]):
+            if seq.generator is not None:
+                noise[row].uniform_(generator=seq.generator)
+        return noise
 
     def _top_to_host(self, top, n: int):
         """Top candidates per row, copied only when a beam search is live (else None)."""
@@ -373,7 +385,12 @@ class Runner:
             if opts.beam_size > 1:
                 group = groups.setdefault(r.id, BeamGroup(opts.beam_size, self.tok.eot, limit,
                                                           length_penalty=opts.length_penalty))
-            seqs.append(Sequence(r, initial, len(prompt), language, limit, group=group))
+            generator = None
+            if r.temperature > 0:
+                payload = r.audio if r.audio is not None else np.asarray(torch.as_tensor(r.features).float().cpu())
+                generator = torch.Generator(self.device)
+                generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(payload), r.attempt))
+            seqs.append(Sequence(r, initial, len(prompt), language, limit, group=group, generator=generator))
 
         length = max(len(s.initial) for s in seqs)
         tokens = torch.full((k, length), self.tok.eot, dtype=torch.long)
@@ -391,7 +408,7 @@ class Runner:
         rs = slice(lo, lo + k)
         self.state.reset(rs, [r.options.timestamps for r in expanded], [r.temperature for r in expanded])
         hot = any(r.temperature > 0 for r in requests)
-        noise = torch.rand(k, self.dims.n_vocab, device=self.device) if hot else None
+        noise = self._noise(torch.full((k, self.dims.n_vocab), 0.5, device=self.device), seqs) if hot else None
         sampled, logprobs, top = self.rules.sample(logits, self.state.rows(rs), noise,
                                                    any(r.options.timestamps for r in requests), TOPK)
         self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)

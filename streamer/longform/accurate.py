@@ -25,7 +25,7 @@ import numpy as np
 from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window
-from streamer.longform.speech import find_speech, is_silent, left_out
+from streamer.longform.speech import find_speech, heard, left_out
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -101,10 +101,12 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
-        advance = window_s
-        if not is_silent(result, options):
+        # Silence: skip the stretch of speech the window starts in, not the whole window (openai
+        # skips 30 s: with pauses and noise between stretches, speech after them was lost).
+        advance = max(TIME_PRECISION, (speech[next_speech][1] - seek) / SAMPLE_RATE)
+        if not result.verdict.silence:
             spans, advance, consumed = complete_segments(result.tokens, tok, window_s)
-            window.segments = make_segments(spans, result, tok, window)
+            window.segments = heard(speech, make_segments(spans, result, tok, window))
             resume = left_out(speech, window)
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)

@@ -22,7 +22,7 @@ import numpy as np
 from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Result
 from streamer.longform.decode import decode_window, detect_language
-from streamer.longform.speech import find_speech, is_silent, left_out
+from streamer.longform.speech import find_speech, left_out
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.decoding import split_segments
@@ -85,7 +85,7 @@ async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOpti
             for task in finished:
                 window = tasks[task]
                 result = results[id(window)] = task.result()
-                if not is_silent(result, options):
+                if not result.verdict.silence:
                     spans = split_segments(result.tokens, engine.tokenizer, window.length / SAMPLE_RATE)
                     window.segments = make_segments(spans, result, engine.tokenizer, window)
                 resume = left_out(speech, window) if id(window) in planned else None  # repairs are not repaired

@@ -1,11 +1,11 @@
-"""Where the speech is: silero-vad over the whole recording, and openai's no-speech rule per window.
+"""Where the speech is: silero-vad over the whole recording.
 
 Both modes skip audio the VAD finds no speech in, so that silence never reaches the model (Whisper
-invents "Thank you." on silence, confidently). Inside speech the window's own no-speech
-probability decides with openai/whisper's rule: silent when it is above the threshold *and* the
-text is improbable. The engine's stricter rule (any no-speech probability above 0.9 is silence,
-whatever the text) is not used here: tiny.en gives 0.77-0.91 on clear prompts of the 6-minute
-recording, more so with a previous-text prompt, and dropping those windows lost a minute of speech.
+invents "Thank you." on silence, confidently). Inside speech the window's own verdict decides
+(`Result.verdict.silence`, judged once in `model/decoding.py`): silent when the no-speech
+probability is above the threshold and the text is improbable, or when it is near certain and the
+text a word or two. A near-certain probability alone is not silence: tiny.en gives 0.77-0.91 on
+clear prompts of the 6-minute recording, and dropping those windows lost a minute of speech.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from streamer.audio.vad import SileroVAD, speech_segments
 from streamer.config import VADConfig
-from streamer.engine.request import SAMPLE_RATE, DecodeOptions, Result
+from streamer.engine.request import SAMPLE_RATE
 from streamer.longform.transcript import Window
 
 CUT_VAD = VADConfig(min_silence_ms=300, speech_pad_ms=200, max_utterance_s=28.0)
@@ -40,13 +40,6 @@ def find_speech(audio: np.ndarray) -> list[tuple[int, int]]:
     return speech_segments(audio, CUT_VAD, _vad())
 
 
-def is_silent(result: Result, options: DecodeOptions) -> bool:
-    """openai/whisper's rule: a high no-speech probability and a low average log-probability."""
-    if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
-        return False
-    return options.logprob_threshold is None or result.avg_logprob < options.logprob_threshold
-
-
 def speech_seconds(speech: list[tuple[int, int]], start: int, end: int) -> float:
     """Seconds of `speech` (sample ranges) that fall within samples [start, end)."""
     return sum(max(0, min(e, end) - max(s, start)) for s, e in speech) / SAMPLE_RATE
@@ -60,3 +53,10 @@ def left_out(speech: list[tuple[int, int]], window: Window) -> int | None:
     covered = round(window.segments[-1].end * SAMPLE_RATE)
     end = window.start + window.length
     return covered if speech_seconds(speech, covered, end) >= UNHEARD_SPEECH_S else None
+
+
+def heard(speech: list[tuple[int, int]], segments: list) -> list:
+    """The `segments` (times in seconds from the recording's start) that overlap speech at all:
+    text the model wrote over audio where the VAD hears none (a noise gap, a long pause) is
+    invented, as Whisper's "Thank you." on silence is."""
+    return [s for s in segments if speech_seconds(speech, round(s.start * SAMPLE_RATE), round(s.end * SAMPLE_RATE)) > 0]

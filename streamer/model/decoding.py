@@ -1,154 +1,161 @@
-"""Decoding rules as batched tensor operations: suppression, timestamp rules, sampling, and the
-checks that drive temperature fallback.
+"""How to decode a window (`DecodeOptions`) and the one verdict on what came back (`judge`):
+silence, repetition loop, poor decode, whether to retry hotter, and whether the text may prompt
+the next window. No torch here: the scheduler and the sessions read these types on the CPU alone.
+The batched logit rules that run on the device are in `logits.py`.
 
-Every rule reads per-row state tensors (`SamplerState`), never Python lists, so that a whole
-decoder step, sampling included, runs on the device and can be captured in a CUDA graph; only the
-sampled ids and their log-probabilities come back to the host.
+Every consumer (the engine's temperature fallback, live prompts, long-form seeking) reads the
+`Verdict` carried on the result (`Result.verdict`) instead of judging again with its own copy of
+the thresholds; the thresholds are the request's own (`DecodeOptions`).
 """
 
 from __future__ import annotations
 
+import string
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from streamer.model.tokenizer import Tokenizer
 
-from streamer.model.tokenizer import Tokenizer
+TASKS = ("transcribe", "translate")
 
-MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp may not be later (openai's default)
 # Above this no-speech probability a window of at most SILENCE_WORDS words is silence even when its
 # text is confidently decoded: Whisper's classic hallucination on silence ("you", "Thank you.")
 # comes with a high log-prob (digital silence: 0.95). Longer text is kept: tiny.en scores some clear
 # speech of long recordings at 0.77-0.91, so the probability alone would drop real words.
 NO_SPEECH_CERTAIN = 0.9
 SILENCE_WORDS = 2
-NEG_INF = float("-inf")
+# A phrase repeated back to back this many times, over at least this many words, is a loop even
+# when the decode ended by itself: the gzip ratio needs a few hundred bytes to see a repetition, a
+# live utterance's text is often shorter ("Montreal forced a liner." x 3 compresses to 1.9).
+# Speech repeats phrases too, but rarely three times in a row.
+REPEAT_MIN_TIMES = 3
+REPEAT_MIN_WORDS = 8
+CONDITION_MAX_TEMPERATURE = 0.5
+"""openai/whisper's rule: text that needed a hotter retry than this does not prompt the next window."""
 
 
-@dataclass
-class SamplerState:
-    """Per-row (slot) state of the logit rules, [S] tensors on the model's device."""
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode one window; the defaults are openai/whisper's `transcribe()` defaults."""
 
-    n_sampled: Tensor  # tokens sampled so far (0 before the first)
-    last: Tensor  # last sampled token (or -1)
-    penultimate: Tensor  # the one before (or -1)
-    last_timestamp: Tensor  # largest timestamp token sampled (or -1)
-    timestamps: Tensor  # bool: timestamp rules on for this row
-    temperature: Tensor  # float32; 0 is greedy
+    task: str = "transcribe"
+    """`transcribe` in the spoken language, or `translate` to English."""
+    language: str | None = None
+    """Language code such as `en`; None detects it from the audio."""
+    prompt: str | None = None
+    """Previous text to condition on (Whisper's `<|startofprev|>` context)."""
+    prompt_tokens: tuple[int, ...] | None = None
+    """Previous tokens fed verbatim after `<|startofprev|>` instead of `prompt` (the last 223 are
+    kept), timestamp tokens included, as openai/whisper's long-form loop feeds its own output back."""
+    prefix: str | None = None
+    """Text forced at the start of this window's output."""
+    timestamps: bool = False
+    """Predict segment timestamp tokens instead of `<|notimestamps|>`."""
+    word_timestamps: bool = False
+    """Align each word to the audio through the cross-attention heads."""
+    beam_size: int = 1
+    """1 is greedy; more keeps that many hypotheses, each in its own decoder slot."""
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    """Tried in order: the next one is used when a result fails the checks below."""
+    seed: int | None = None
+    """Seed of the sampled (temperature > 0) attempts; None derives it from the audio, so that the
+    same window always gives the same text (`attempt_seed`)."""
+    max_new_tokens: int | None = None
+    """Token limit for the window; None uses the engine's limit."""
+    compression_ratio_threshold: float | None = 2.4
+    """A gzip compression ratio above this means a repetition loop: retry hotter."""
+    logprob_threshold: float | None = -1.0
+    """An average log-probability below this means a poor decode: retry hotter."""
+    no_speech_threshold: float | None = 0.6
+    """A no-speech probability above this (with a low log-probability) means silence: no text."""
+    suppress_blank: bool = True
+    """Forbid a blank or end-of-text as the first sampled token."""
+    suppress_tokens: str = "-1"
+    """Comma-separated token ids never sampled; `-1` stands for the model's non-speech symbols."""
+    length_penalty: float | None = None
+    """Beam ranking: None divides log-probability by length, alpha uses Google NMT's penalty."""
 
-    @classmethod
-    def allocate(cls, n: int, device) -> "SamplerState":
-        long = dict(dtype=torch.long, device=device)
-        return cls(torch.zeros(n, **long), torch.full((n,), -1, **long), torch.full((n,), -1, **long),
-                   torch.full((n,), -1, **long), torch.zeros(n, dtype=torch.bool, device=device),
-                   torch.zeros(n, dtype=torch.float32, device=device))
-
-    def rows(self, s: slice) -> "SamplerState":
-        return SamplerState(*(getattr(self, f)[s] for f in self.__dataclass_fields__))
-
-    def reset(self, s: slice, timestamps: list[bool], temperature: list[float]) -> None:
-        self.n_sampled[s] = 0
-        self.last[s] = -1
-        self.penultimate[s] = -1
-        self.last_timestamp[s] = -1
-        self.timestamps[s] = torch.tensor(timestamps, device=self.timestamps.device)
-        self.temperature[s] = torch.tensor(temperature, dtype=torch.float32, device=self.temperature.device)
-
-    def move_rows(self, src, dst) -> None:
-        """Copy rows `src` (a tensor of indices) into rows `dst` (disjoint from them)."""
-        for f in self.__dataclass_fields__:
-            t = getattr(self, f)
-            t[dst] = t[src]
-
-    def advance(self, tokens: Tensor, timestamp_begin: int) -> None:
-        """Record the sampled `tokens` [B] (rows 0..B-1), in place."""
-        b = tokens.shape[0]
-        self.penultimate[:b] = self.last[:b]
-        self.last[:b] = tokens
-        self.n_sampled[:b] += 1
-        ts = torch.where(tokens >= timestamp_begin, tokens, torch.full_like(tokens, -1))
-        self.last_timestamp[:b] = torch.maximum(self.last_timestamp[:b], ts)
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, not {self.task!r}")
+        if self.prompt_tokens is not None:
+            if self.prompt:
+                raise ValueError("give prompt or prompt_tokens, not both")
+            # Which ids a model takes is the tokenizer's to say (Engine.submit checks).
+            object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be at least 1, not {self.beam_size}")
+        # A list would make the options unhashable; take any sequence and keep a tuple.
+        object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
+        if not self.temperatures:
+            raise ValueError("temperatures must not be empty")
+        if any(t < 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be >= 0, not {self.temperatures}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
 
 
-class LogitRules:
-    """Which tokens may come next, for a batch of rows, from the tokenizer and model config."""
+@dataclass(frozen=True)
+class Verdict:
+    """What a decode is, judged once (`judge`) with the request's thresholds."""
 
-    def __init__(self, tokenizer: Tokenizer, n_vocab: int, suppress: list[int], begin_suppress: list[int], device):
-        tok = tokenizer
-        self.eot, self.ts_begin = tok.eot, tok.timestamp_begin
-        self.no_timestamps = tok.no_timestamps
-        ids = torch.arange(n_vocab, device=device)
-        # Control tokens are never sampled: they would derail the transcript.
-        specials = [tok.sot, tok.sot_prev, tok.translate, tok.transcribe, tok.no_speech, tok.sot_lm]
-        always = set(suppress or tok.non_speech_tokens) | {t for t in specials if t is not None}
-        self.suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
-        self.suppress[sorted(always)] = True
-        self.begin_suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
-        self.begin_suppress[begin_suppress or tok.blank_tokens] = True
-        self.is_timestamp = ids >= self.ts_begin
-        self.is_text = ids < self.eot
-        self.late_initial = ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
-        self.ids = ids
+    silence: bool = False
+    """No speech (`is_silence`): the result carries no text."""
+    loop: bool = False
+    """A repetition loop by openai's measure: the text compresses above the threshold, and the
+    decode ran to its token limit (text that ended by itself is repeated speech, not a loop)."""
+    repetition: bool = False
+    """The text repeats a phrase back to back (`repeats_itself`), which short windows show and the
+    compression ratio misses."""
+    poor: bool = False
+    """Improbable: the average log-probability is under the threshold, and it is not silence."""
+    fallback: bool = False
+    """openai/whisper's rule (`needs_fallback`): retry at the next temperature."""
+    temperature: float = 0.0
+    """Temperature of the attempt judged."""
 
-    def apply(self, logits: Tensor, st: SamplerState, timestamps: bool = True) -> Tensor:
-        """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1).
+    @property
+    def ok(self) -> bool:
+        """Speech, decoded well: nothing to retry, nothing to hide."""
+        return not (self.silence or self.loop or self.repetition or self.poor)
 
-        `timestamps=False` promises that no row has timestamp rules on, and skips them.
-        """
-        b = logits.shape[0]
-        n, last, pen, last_ts = st.n_sampled[:b, None], st.last[:b, None], st.penultimate[:b, None], st.last_timestamp[:b, None]
-        ts_on = st.timestamps[:b, None]
-        at_begin = n == 0
-        forbid = self.suppress[None] | (at_begin & self.begin_suppress[None])
-        if not timestamps:
-            return logits.masked_fill(forbid, NEG_INF)
+    @property
+    def conditions(self) -> bool:
+        """The text may prompt the next window (openai/whisper's rules, plus the repetition check)."""
+        return self.ok and self.temperature <= CONDITION_MAX_TEMPERATURE
 
-        # Timestamp rules (openai/whisper's ApplyTimestampRules, vectorised): timestamps come in
-        # pairs, never decrease, each segment is non-empty, and the first one comes within 1 s.
-        last_ts_tok = (n >= 1) & (last >= self.ts_begin)
-        pen_ts_tok = (n < 2) | (pen >= self.ts_begin)
-        forbid_ts = last_ts_tok & pen_ts_tok
-        forbid_text = last_ts_tok & ~pen_ts_tok
-        lower = torch.where(last_ts_tok & ~pen_ts_tok, last_ts, last_ts + 1)
-        decreasing = (last_ts >= 0) & self.is_timestamp[None] & (self.ids[None] < lower)
-        ts_forbid = ((forbid_ts & self.is_timestamp[None]) | (forbid_text & self.is_text[None]) | decreasing
-                     | (at_begin & (~self.is_timestamp[None] | self.late_initial[None])))
-        ts_forbid = ts_forbid | (self.ids[None] == self.no_timestamps)
-        forbid = forbid | (ts_on & ts_forbid)
-        logits = logits.masked_fill(forbid, NEG_INF)
 
-        # If the timestamps together are likelier than any text token, a timestamp comes next.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        ts_mass = logprobs.masked_fill(~self.is_timestamp[None], NEG_INF).logsumexp(-1, keepdim=True)
-        best_text = logprobs.masked_fill(self.is_timestamp[None], NEG_INF).amax(-1, keepdim=True)
-        return logits.masked_fill(ts_on & (ts_mass > best_text) & ~self.is_timestamp[None], NEG_INF)
-
-    def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None, timestamps: bool = True,
-               top_k: int = 0) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
-        """(tokens [B], their log-probabilities [B], top-k (log-probs, ids) [B, k] or None) after the
-        rules; greedy where temperature is 0; the top-k candidates feed beam search.
-
-        `noise` [B, V] uniform(0, 1) draws (made outside any CUDA graph) for the Gumbel-max trick.
-        """
-        b = logits.shape[0]
-        logits = self.apply(logits, st, timestamps)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        temp = st.temperature[:b, None]
-        if noise is None:
-            tokens = logits.argmax(-1)
-        else:
-            gumbel = -torch.log(-torch.log(noise.clamp_min(1e-20)))
-            scores = torch.where(temp > 0, logits / temp.clamp_min(1e-6) + gumbel, logits)
-            tokens = scores.argmax(-1)
-        top = logprobs.topk(top_k, dim=-1) if top_k else None
-        return tokens, logprobs.gather(1, tokens[:, None])[:, 0], (tuple(top) if top is not None else None)
+def judge(text: str, avg_logprob: float, no_speech_prob: float, ratio: float, truncated: bool, options,
+          temperature: float = 0.0) -> Verdict:
+    """The verdict on one attempt's decoded `text` (all of it, before silence removes it)."""
+    silence = is_silence(avg_logprob, no_speech_prob, options, text)
+    poor = not silence and options.logprob_threshold is not None and avg_logprob < options.logprob_threshold
+    loop = truncated and options.compression_ratio_threshold is not None and ratio > options.compression_ratio_threshold
+    return Verdict(silence=silence, loop=loop, repetition=repeats_itself(text), poor=poor,
+                   fallback=needs_fallback(ratio, avg_logprob, no_speech_prob, options, truncated),
+                   temperature=temperature)
 
 
 def compression_ratio(text: str) -> float:
     """Bytes over zlib-compressed bytes: above ~2.4 the text repeats itself (a decoding loop)."""
     data = text.encode("utf-8")
     return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def repeats_itself(text: str) -> bool:
+    """Some phrase of the text (1 word or more) comes REPEAT_MIN_TIMES times or more back to back,
+    the run covering REPEAT_MIN_WORDS words or more (case and punctuation ignored)."""
+    words = [w for w in (w.strip(string.punctuation).lower() for w in text.split()) if w]
+    for n in range(1, len(words) // REPEAT_MIN_TIMES + 1):
+        run = 0  # how many words in a row equal the word n further on
+        for i in range(len(words) - n):
+            run = run + 1 if words[i] == words[i + n] else 0
+            times = run // n + 1
+            if times >= REPEAT_MIN_TIMES and times * n >= REPEAT_MIN_WORDS:
+                return True
+    return False
 
 
 def needs_fallback(ratio: float, avg_logprob: float, no_speech_prob: float, options, truncated: bool = True) -> bool:
@@ -190,7 +197,15 @@ def is_silence(avg_logprob: float, no_speech_prob: float, options, text: str | N
     return options.logprob_threshold is None or avg_logprob < options.logprob_threshold
 
 
-def split_segments(tokens: list[int], tokenizer: Tokenizer, duration: float) -> list[tuple[float, float, list[int]]]:
+def attempt_seed(options: DecodeOptions, payload, attempt: int) -> int:
+    """Seed of a sampled attempt: from `options.seed`, else from the window's bytes (`payload`:
+    its audio or features), and the attempt's index. The same window so gives the same samples in
+    every run, whatever else the engine decodes beside it."""
+    base = options.seed if options.seed is not None else zlib.crc32(memoryview(payload).cast("B"))
+    return (base * 1_000_003 + attempt) % (1 << 63)
+
+
+def split_segments(tokens: list[int], tokenizer: "Tokenizer", duration: float) -> list[tuple[float, float, list[int]]]:
     """(start, end, text tokens) per segment, from sampled tokens with timestamp pairs.
 
     Without timestamps the whole window is one segment of `duration` seconds.
@@ -215,3 +230,12 @@ def split_segments(tokens: list[int], tokenizer: Tokenizer, duration: float) -> 
     if text:  # text after the last timestamp: it runs to the end of the audio
         segments.append((start or 0.0, max(duration, start or 0.0), text))
     return segments
+
+
+def __getattr__(name: str):
+    # The tensor rules lived here before: old imports keep working (and only they load torch).
+    if name in ("LogitRules", "SamplerState", "MAX_INITIAL_TIMESTAMP", "NEG_INF"):
+        from streamer.model import logits
+
+        return getattr(logits, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -248,15 +248,23 @@ class Bridge:
                 return wall
         return self._marks[-1][1] if self._marks else time.monotonic()
 
+    def _prompt_tokens(self, window: SubmitWindow) -> tuple[int, ...] | None:
+        """The window's prompt as tokens, cut to the session's bound (its newest tokens)."""
+        if not window.prompt:
+            return None
+        tokens = self.engine.tokenizer.encode(" " + window.prompt.strip())
+        return tuple(tokens[-self.session.config.prompt_max_tokens:]) or None
+
     def _options(self, window: SubmitWindow) -> DecodeOptions:
+        prompt = self._prompt_tokens(window)
         if window.kind == "final":
             # As offline transcription decodes, with timestamps for the final's stream span.
-            return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, timestamps=True)
+            return DecodeOptions(task=self.task, language=self.language, prompt_tokens=prompt, timestamps=True)
         # A partial is shown only if its greedy decode is good: the fallback to higher temperatures
         # costs a full decode per temperature (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s
         # with all six), and a loop is cut short.
         max_tokens = int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * len(window.audio) / SAMPLE_RATE)
-        return DecodeOptions(task=self.task, language=self.language, prompt=window.prompt, temperatures=(0.0,),
+        return DecodeOptions(task=self.task, language=self.language, prompt_tokens=prompt, temperatures=(0.0,),
                              max_new_tokens=min(max_tokens, self.engine.config.max_new_tokens))
 
     def _spawn(self, coro) -> None:
@@ -325,7 +333,13 @@ class Bridge:
         window = job.window
         result, error, code = None, None, None
         try:
-            result = await self._decode_final(job)
+            if job.previous is not None and self.session.config.condition_on_previous:
+                await job.previous.wait()  # its text belongs in this prompt, however fast it came
+                window = self.session.reprompt(window)
+            result = await self._decode_final(job, window)
+            unprompted = self.session.retry_unprompted(window, result)
+            if unprompted is not None:
+                result = await self._decode_final(job, unprompted)
             if self.word_timestamps and result is not None and result.segments:
                 await add_segment_words(self.engine, window.audio, result.segments,
                                         language=result.language or self.language, task=self.task)
@@ -355,10 +369,9 @@ class Bridge:
         if waiting is not None:
             self._submit_partial(waiting)
 
-    async def _decode_final(self, job: _FinalJob):
-        """Decode a final; a full queue (said at submit, or by a remote engine core afterwards)
-        is waited out for a while: finals are not dropped."""
-        window = job.window
+    async def _decode_final(self, job: _FinalJob, window: SubmitWindow):
+        """Decode a final window of `job`; a full queue (said at submit, or by a remote engine core
+        afterwards) is waited out for a while: finals are not dropped."""
         give_up = time.monotonic() + FINAL_SUBMIT_PATIENCE_S
         while True:
             try:

@@ -4,10 +4,11 @@ Base64 PCM16 in `input_audio_buffer.append` (24 kHz unless the session's format 
 rate) is resampled and fed to a `Bridge`, whose events become Realtime events:
 
     SpeechStarted -> input_audio_buffer.speech_started (server VAD only)
-    Partial       -> ...transcription.delta with the newly stable text (server VAD only)
     SpeechStopped -> input_audio_buffer.speech_stopped (server VAD only)
     Committed     -> input_audio_buffer.committed (a cut also gets speech_stopped / speech_started)
-    Finalized     -> the rest as a delta, then ...transcription.completed (or .failed), in commit order
+    Finalized     -> the transcript as one delta, then ...transcription.completed (or .failed), in
+                     commit order: the deltas of an item join exactly to its transcript, so no
+                     partial decodes run for Realtime items (their text could differ from the final's)
 
 With `turn_detection: null` the client cuts items: the Session then runs with a VAD that hears
 speech everywhere and never ends it by silence (threshold 0, no negative threshold), so its one
@@ -41,7 +42,7 @@ from streamer.server.state import ServerState
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server.stream import ProtocolError, model_info, parse_language
 from streamer.server.validation import ValidationError
-from streamer.streaming.events import Partial, SpeechStarted, SpeechStopped
+from streamer.streaming.events import SpeechStarted, SpeechStopped
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -95,6 +96,8 @@ class RealtimeConfig:
     turn_detection: TurnDetection | None
     encoding: str = "pcm_s16le"
     """`pcm_s16le`, or G.711 `mulaw` / `alaw` at 8 kHz."""
+    condition_on_previous_text: bool = True
+    """Prompt each item with the previous items' text (an extension of OpenAI's API)."""
 
 
 class InvalidValue(Exception):
@@ -106,8 +109,6 @@ class InvalidValue(Exception):
 @dataclass
 class _Item:
     id: str
-    sent: str = ""
-    """Text already sent as deltas."""
     stopped: bool = False
     """speech_stopped was sent."""
 
@@ -140,7 +141,8 @@ class RealtimeStream(SocketStream):
         vad = state.settings.streaming.vad
         self.config = RealtimeConfig(
             rate=DEFAULT_RATE, language=state.settings.streaming.language, prompt="",
-            turn_detection=TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms))
+            turn_detection=TurnDetection(vad.threshold, vad.speech_pad_ms, vad.min_silence_ms),
+            condition_on_previous_text=state.settings.streaming.condition_on_previous)
         self._seg: _Segmentation | None = None
         """The segmentation that takes new audio (None until the first append after a change)."""
         self._segs: dict[int, _Segmentation] = {}
@@ -307,6 +309,9 @@ class RealtimeStream(SocketStream):
                 self._retire(FINISH_TIMEOUT_S)
             else:
                 seg.bridge.language = self._decoder_language(config.language)
+                session_ = seg.bridge.session  # the next items' prompts follow the new settings
+                session_.config = dataclasses.replace(session_.config, prompt=config.prompt.strip() or None,
+                                                      condition_on_previous=config.condition_on_previous_text)
         self.config = config
         if beta:
             self._event("transcription_session.updated", session=self._session_wire(beta=True))
@@ -376,6 +381,9 @@ class RealtimeStream(SocketStream):
         if "prompt" in value:
             prompt = v.string(value["prompt"], f"{param}.prompt", max_length=MAX_PROMPT_CHARS)
             config = dataclasses.replace(config, prompt=prompt)
+        if "condition_on_previous_text" in value:
+            flag = v.boolean(value["condition_on_previous_text"], f"{param}.condition_on_previous_text")
+            config = dataclasses.replace(config, condition_on_previous_text=flag)
         return config
 
     def _turn_detection(self, config: RealtimeConfig, value: Any, param: str) -> RealtimeConfig:
@@ -396,7 +404,8 @@ class RealtimeStream(SocketStream):
     def _session_wire(self, beta: bool | None = None) -> dict:
         beta = self.beta if beta is None else beta
         c = self.config
-        transcription = {"model": self.state.engine.model_name, "language": c.language, "prompt": c.prompt}
+        transcription = {"model": self.state.engine.model_name, "language": c.language, "prompt": c.prompt,
+                         "condition_on_previous_text": c.condition_on_previous_text}
         turn = c.turn_detection.wire() if c.turn_detection is not None else None
         if beta:
             beta_format = next(k for k, v in BETA_FORMATS.items() if v == c.encoding)
@@ -430,7 +439,10 @@ class RealtimeStream(SocketStream):
             t = c.turn_detection
             vad = dataclasses.replace(defaults.vad, threshold=t.threshold, speech_pad_ms=t.prefix_padding_ms,
                                       min_silence_ms=t.silence_duration_ms, neg_threshold=None)
-            streaming = dataclasses.replace(defaults, vad=vad, partials=True)
+            streaming = dataclasses.replace(defaults, vad=vad, partials=False)
+        # The item prompt opens every item's prompt, before the previous items' text.
+        streaming = dataclasses.replace(streaming, prompt=c.prompt.strip() or None,
+                                        condition_on_previous=c.condition_on_previous_text)
         self._numbers += 1
         bridge = Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics,
                         functools.partial(self._on_event, self._numbers), session_id=self.session_id,
@@ -472,12 +484,6 @@ class RealtimeStream(SocketStream):
                 pad = seg.config.turn_detection.prefix_padding_ms / 1000.0
                 self._event("input_audio_buffer.speech_started", audio_start_ms=ms(max(0.0, event.t - pad)),
                             item_id=item.id)
-        elif isinstance(event, Partial):
-            item = self._item(number, event.utterance_id)
-            # Only text that has become stable: deltas are never taken back.
-            if event.stable.startswith(item.sent) and len(event.stable) > len(item.sent):
-                self._event(DELTA, item_id=item.id, content_index=0, delta=event.stable[len(item.sent):])
-                item.sent = event.stable
         elif isinstance(event, SpeechStopped):
             if not seg.manual:
                 item = self._item(number, event.utterance_id)
@@ -508,13 +514,12 @@ class RealtimeStream(SocketStream):
             messages.append((FAILED, {"item_id": item.id, "content_index": 0, "error": {
                 "type": "server_error", "code": "internal_error", "message": event.error, "param": None}}))
         else:
+            # Deltas come from the final decode alone, so that they join to the transcript exactly:
+            # a partial's text, stable or not, may differ from the final's (case, punctuation, a
+            # word that the whole utterance decodes otherwise).
             transcript = event.final.text if event.final is not None else ""
-            if seg.manual:
-                rest = transcript
-            else:
-                rest = transcript[len(item.sent):] if transcript.startswith(item.sent) else ""
-            if rest:
-                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": rest}))
+            if transcript:
+                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": transcript}))
             messages.append((COMPLETED, {"item_id": item.id, "content_index": 0, "transcript": transcript,
                                          "usage": {"type": "duration", "seconds": round(event.duration, 3)}}))
         self._completions[item.id] = messages

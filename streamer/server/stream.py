@@ -122,7 +122,7 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
     With `audio_fields=False` (WebRTC) the audio format fields are ignored: the track decides.
     """
     allowed = {"type", "sample_rate", "encoding", "channels", "multichannel", "language", "task", "partials",
-               "partial_interval_ms", "condition_on_previous", "vad"}
+               "partial_interval_ms", "condition_on_previous", "condition_on_previous_text", "prompt", "vad"}
     for name in msg:
         if name not in allowed:
             raise _bad(name, "unknown field")
@@ -149,11 +149,29 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
     if "partial_interval_ms" in msg:
         changes["partial_interval_s"] = _checked(v.number, msg["partial_interval_ms"], "partial_interval_ms",
                                                  100, 10000) / 1000.0
-    if "condition_on_previous" in msg:
-        changes["condition_on_previous"] = _checked(v.boolean, msg["condition_on_previous"], "condition_on_previous")
+    for name in ("condition_on_previous", "condition_on_previous_text"):  # the second is openai's name
+        if name in msg:
+            changes["condition_on_previous"] = _checked(v.boolean, msg[name], name)
+    if "prompt" in msg:
+        changes["prompt"] = parse_prompt(msg["prompt"], "prompt")
     if "vad" in msg:
         changes["vad"] = parse_vad(msg["vad"], defaults.vad)
     return StartOptions(rate, encoding, channels, dataclasses.replace(defaults, **changes), multichannel)
+
+
+PROMPT_MAX_CHARS = 2000
+"""Longest prompt accepted (Whisper keeps at most its last 223 tokens anyway)."""
+
+
+def parse_prompt(value: Any, label: str) -> str | None:
+    """A prompt field: a string of at most PROMPT_MAX_CHARS, or null."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad(label, f"must be a string or null, not {v.show(value)}")
+    if len(value) > PROMPT_MAX_CHARS:
+        raise _bad(label, f"{len(value)} characters is over the {PROMPT_MAX_CHARS}-character limit")
+    return value.strip() or None
 
 
 def parse_vad(vad: Any, defaults: VADConfig) -> VADConfig:

@@ -19,6 +19,7 @@ whole utterance, padding included, at end of speech, at a max-length cut, or on 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,28 +27,22 @@ import numpy as np
 
 from streamer.audio.vad import FRAME, SAMPLE_RATE, SileroVAD, UtteranceSegmenter, VADEvent, frame_rms
 from streamer.config import StreamingConfig
+from streamer.model.decoding import CONDITION_MAX_TEMPERATURE
 from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
 from streamer.streaming.stabilize import LocalAgreement
 
 MAX_WINDOW_S = 30.0
 """Whisper sees one 30-s window; an utterance must fit in it."""
-PROMPT_MAX_CHARS = 600
-"""Previous text kept as the prompt (about 150 tokens, within the 223 Whisper allows)."""
-NO_SPEECH_PROB = 0.6
-LOGPROB_FLOOR = -1.0
-COMPRESSION_RATIO_CEILING = 2.4
-"""openai/whisper's thresholds for silence, a poor decode and a repetition loop."""
+CHARS_PER_TOKEN = 6
+"""Text kept for a prompt: `prompt_max_tokens` of at most this many characters each (the caller
+cuts the prompt to its exact token count)."""
 
 
-def is_silence(result: Any) -> bool:
-    """Whisper's own verdict that the window held no speech: there is no text to show."""
-    return result.no_speech_prob > NO_SPEECH_PROB and result.avg_logprob < LOGPROB_FLOOR
-
-
-def looks_hallucinated(result: Any) -> bool:
-    """A decode not to condition later windows on: a repetition loop or a poor decode
-    (which includes no-speech with a low log-probability)."""
-    return getattr(result, "compression_ratio", 0.0) > COMPRESSION_RATIO_CEILING or result.avg_logprob < LOGPROB_FLOOR
+def _spoils_context(result: Any) -> bool:
+    """openai/whisper's resets, plus the repetition check: after a loop, a poor decode, or text that
+    needed a retry hotter than 0.5, the previous text is dropped from later prompts."""
+    v = result.verdict
+    return v.loop or v.repetition or v.poor or result.temperature > CONDITION_MAX_TEMPERATURE
 
 
 class _AudioBuffer:
@@ -133,7 +128,10 @@ class Session:
         self._utterance: _Utterance | None = None
         self._next_id = 1
         self._finals: dict[str, _FinalWindow] = {}
-        self._prompt = ""
+        self._context: list[str] = []
+        """Texts of the previous finals that may prompt the next utterance, oldest first."""
+        self._context_end = 0.0
+        """Stream time at which the newest of them ended."""
         self.closed = False
 
     @property
@@ -213,8 +211,29 @@ class Session:
         self._next_id += 1
         return utt
 
-    def _window_prompt(self) -> str | None:
-        return self._prompt if self.config.condition_on_previous and self._prompt else None
+    def _window_prompt(self, start: int) -> str | None:
+        """The prompt of a window whose audio starts at sample `start`: the configured prompt, then
+        the previous finals' text unless a long pause came before."""
+        if self._context and start / SAMPLE_RATE - self._context_end > self.config.prompt_reset_pause_s:
+            self._context.clear()
+        parts = [self.config.prompt.strip()] if self.config.prompt and self.config.prompt.strip() else []
+        if self.config.condition_on_previous:
+            parts += self._context
+        return " ".join(parts) or None
+
+    def reprompt(self, window: SubmitWindow) -> SubmitWindow:
+        """`window` with the prompt as it stands now: a final submitted before the previous final's
+        result came back gets that text too (the caller waits for it, so that a stream's prompts
+        and thus its text do not depend on how fast the engine answered)."""
+        return dataclasses.replace(window, prompt=self._window_prompt(round(window.start * SAMPLE_RATE)))
+
+    @staticmethod
+    def retry_unprompted(window: SubmitWindow, result: Any) -> SubmitWindow | None:
+        """A final to decode again without its prompt, or None: the prompted decode looped,
+        repeated itself, was improbable, or needed a hot retry; a prompt can cause all of them."""
+        if window.kind != "final" or not window.prompt or result.verdict.silence or not _spoils_context(result):
+            return None
+        return dataclasses.replace(window, prompt=None)
 
     def _submit_partial(self, utt: _Utterance, end: int) -> SubmitWindow:
         utt.partial_seq += 1
@@ -226,7 +245,7 @@ class Session:
             audio=self._audio.slice(utt.start, end),
             start=utt.start / SAMPLE_RATE,
             utterance_id=utt.id,
-            prompt=self._window_prompt(),
+            prompt=self._window_prompt(utt.start),
         )
 
     def _submit_final(self, utt: _Utterance, end: int, speech_end: int) -> SubmitWindow:
@@ -238,7 +257,7 @@ class Session:
             audio=self._audio.slice(utt.start, end),
             start=utt.start / SAMPLE_RATE,
             utterance_id=utt.id,
-            prompt=self._window_prompt(),
+            prompt=self._window_prompt(utt.start),
             speech_end=speech_end / SAMPLE_RATE,
         )
 
@@ -252,19 +271,25 @@ class Session:
             del utt.partial_ends[older]
         utt.delivered_seq = seq
         # Text of a window judged silent or looping would only flicker on the client.
-        if not result.text.strip() or is_silence(result) or looks_hallucinated(result):
+        v = result.verdict
+        if not result.text.strip() or v.silence or v.loop or v.repetition or v.poor:
             return []
         split = utt.agreement.update(result.text)
         return [Partial(utterance_id, split.text, split.stable, split.unstable, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)]
 
     def _final_result(self, window: _FinalWindow, result: Any) -> list[Event]:
-        if looks_hallucinated(result):
-            self._prompt = ""
+        if _spoils_context(result):
+            self._context.clear()
         text = result.text.strip()
-        if not text or is_silence(result):
+        if not text or result.verdict.silence:
             return []
-        if not looks_hallucinated(result):
-            self._prompt = _tail(f"{self._prompt} {text}".strip(), PROMPT_MAX_CHARS)
+        if result.verdict.conditions:
+            self._context.append(text)
+            self._context_end = window.end
+            limit = CHARS_PER_TOKEN * self.config.prompt_max_tokens
+            while len(self._context) > 1 and sum(len(t) + 1 for t in self._context) > limit:
+                self._context.pop(0)
+            self._context[0] = _tail(self._context[0], limit)
         segments = list(result.segments or [])
         start = window.start + segments[0].start if segments else window.start
         end = window.start + segments[-1].end if segments else window.end

@@ -1,0 +1,285 @@
+"""Live finals against offline transcription on long, messy recordings (issue #12).
+
+Streams each recording through a real server on 127.0.0.1 (in this process, one engine) over
+`/v1/stream` (a plain WebSocket client) and `/v1/realtime` (the official `openai` SDK's realtime
+client), at `--pace` times real time, `--runs` times each, with and without previous-text
+conditioning; transcribes the same file offline with `fast` and `accurate` (and faster-whisper's
+sequential `transcribe`, greedy and 5 beams, on the same weights). Per file and system: WER of the
+live finals (mean, min, max; spread = max - min over the runs), runaway finals (more words than
+twice the reference span they cover), Realtime items whose deltas do not join to their
+`completed.transcript`, and the items. WER after Whisper's normaliser on both sides.
+
+Files: `6min` (the shared recording) and `messy-LANG-MINUTES-SEED`, joins of shared prompts with
+1-6 s pauses, 3-s noise gaps and a noise floor, built reproducibly (`messy.py`).
+
+    python benchmarks/bench_live_accuracy.py --pace 4 --runs 3                   # tiny.en, en files
+    python benchmarks/bench_live_accuracy.py --files messy-en-15-0 --condition on,off --runs 1
+    python benchmarks/bench_live_accuracy.py --model base --files messy-es-10-0,messy-fr-10-0
+    python benchmarks/bench_live_accuracy.py --transports none --offline fast,accurate,fw-seq,fw-seq-beam5
+
+The cutting of a stream depends on stream time only and a stream's prompts wait for its previous
+final, so the finals do not depend on the pace; only latency does (and partials, which finals
+never see). A fast pace keeps runs short on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import time
+
+import numpy as np
+
+from common import AUDIO_DIR, ct2_dir, environment, manifest, normalizer, table, wer, write_json
+from messy import messy_join
+
+SAMPLE_RATE = 16000
+CHUNK_S = 0.1
+TAIL_S = 2.0
+"""Silence after the recording, so that the VAD ends the last utterance."""
+DELTA = "conversation.item.input_audio_transcription.delta"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+RUNAWAY_FACTOR = 2.0
+OFFLINE = ("fast", "accurate", "fw-seq", "fw-seq-beam5")
+
+
+def recording(spec: str) -> dict:
+    """{'name', 'language', 'audio', 'reference', 'spans'} for `6min` or `messy-LANG-MIN-SEED`."""
+    from streamer.audio.decode import decode_audio
+
+    if spec == "6min":
+        row = manifest("en", folder="long/")[0]
+        return {"name": "asterisk_en_6min", "language": "en", "audio": decode_audio(row["path"]),
+                "reference": row["text"], "spans": None}
+    _, language, minutes, seed = spec.split("-")
+    name, audio, reference, spans = messy_join(language, float(minutes), int(seed))
+    return {"name": name, "language": language, "audio": audio, "reference": reference, "spans": spans}
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def reference_words(rec: dict, start: float, end: float) -> int:
+    """Words of the reference that a final spanning [start, end] s covers."""
+    norm = normalizer(rec["language"])
+    if rec["spans"] is not None:
+        return sum(len(norm(t).split()) for s, e, t in rec["spans"] if s < end and e > start)
+    # The shared 6-min file has 0.5-s pauses only: its mean speech rate stands for the span's.
+    rate = len(norm(rec["reference"]).split()) / (len(rec["audio"]) / SAMPLE_RATE)
+    return int(rate * (end - start)) + 2
+
+
+async def engine_idle(engine, ping, quiet_s: float = 1.5) -> None:
+    """Until the engine has had nothing queued or live for `quiet_s` (every final is in): `stop`
+    gives the server a bounded time to finish, and a fast pace outruns a busy CPU. `ping()` every
+    few seconds keeps the stream from its idle timeout meanwhile."""
+    quiet_since, pinged = None, time.monotonic()
+    while True:
+        if time.monotonic() - pinged > 5:
+            await ping()
+            pinged = time.monotonic()
+        m = engine.metrics()
+        if m["queue_depth"] == 0 and m["live_sequences"] == 0:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= quiet_s:
+                return
+        else:
+            quiet_since = None
+        await asyncio.sleep(0.1)
+
+
+async def stream_native(base: str, rec: dict, pace: float, condition: bool, engine, partials: bool) -> list[dict]:
+    """Finals of one `/v1/stream` session: [{'text', 'start', 'end'}]."""
+    import websockets
+
+    pcm = pcm16(np.concatenate([rec["audio"], np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)]))
+    chunk = int(CHUNK_S * SAMPLE_RATE) * 2
+    language = rec["language"]
+    async with websockets.connect(base.replace("http", "ws") + "/v1/stream", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
+                                  "language": language if language != "en" else None,
+                                  "condition_on_previous_text": condition, "partials": partials}))
+        ready = json.loads(await ws.recv())
+        assert ready["type"] == "ready", ready
+        finals: list[dict] = []
+
+        async def send():
+            for i in range(0, len(pcm), chunk):
+                await ws.send(pcm[i:i + chunk])
+                await asyncio.sleep(CHUNK_S / pace)
+            await engine_idle(engine, lambda: ws.send(json.dumps({"type": "ping"})))
+            await ws.send(json.dumps({"type": "stop"}))
+
+        sender = asyncio.ensure_future(send())
+        async for message in ws:
+            event = json.loads(message)
+            if event["type"] == "final":
+                finals.append({"text": event["text"], "start": event["start"], "end": event["end"]})
+            elif event["type"] == "error":
+                raise RuntimeError(event)
+            elif event["type"] == "closed":
+                break
+        await sender
+        return finals
+
+
+async def stream_realtime(base: str, rec: dict, pace: float, condition: bool, engine=None, partials=None) -> list[dict]:
+    """Items of one `/v1/realtime` session through the openai SDK:
+    [{'text' (completed.transcript), 'deltas' (joined), 'start', 'end'}]."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="unused", base_url=base + "/v1", websocket_base_url=base.replace("http", "ws") + "/v1")
+    pcm = pcm16(np.concatenate([rec["audio"], np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)]))
+    chunk = int(CHUNK_S * SAMPLE_RATE) * 2
+    transcription = {"model": "whisper-1", "condition_on_previous_text": condition}
+    if rec["language"] != "en":
+        transcription["language"] = rec["language"]
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        await connection.recv()
+        await connection.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "transcription": transcription,
+            "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 200,
+                               "silence_duration_ms": 500}}}})
+        updated = (await connection.recv()).to_dict()
+        assert updated["type"] == "session.updated", updated
+        events: list[dict] = []
+        sent = asyncio.Event()
+
+        async def send():
+            for i in range(0, len(pcm), chunk):
+                await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + chunk]).decode())
+                await asyncio.sleep(CHUNK_S / pace)
+            sent.set()
+
+        def finished() -> bool:
+            kinds = [e["type"] for e in events]
+            started = kinds.count("input_audio_buffer.speech_started")
+            return sent.is_set() and kinds.count("input_audio_buffer.committed") == started == kinds.count(COMPLETED)
+
+        sender = asyncio.ensure_future(send())
+        while not finished():
+            try:
+                event = await asyncio.wait_for(connection.recv(), 1.0)
+            except asyncio.TimeoutError:
+                continue
+            events.append(event.to_dict())
+            if events[-1]["type"] == "error":
+                raise RuntimeError(events[-1])
+        await sender
+    items: dict[str, dict] = {}
+    for e in events:
+        item = items.setdefault(e.get("item_id", ""), {"text": None, "deltas": "", "start": 0.0, "end": 0.0})
+        if e["type"] == "input_audio_buffer.speech_started":
+            item["start"] = e["audio_start_ms"] / 1000
+        elif e["type"] == "input_audio_buffer.speech_stopped":
+            item["end"] = e["audio_end_ms"] / 1000
+        elif e["type"] == DELTA:
+            item["deltas"] += e["delta"]
+        elif e["type"] == COMPLETED:
+            item["text"] = e["transcript"]
+    return [i for k, i in items.items() if k and i["text"] is not None]
+
+
+def live_row(rec: dict, system: str, run: int, finals: list[dict], wall: float) -> dict:
+    text = " ".join(f["text"] for f in finals)
+    norm = normalizer(rec["language"])
+    runaway = [f for f in finals if len(norm(f["text"]).split()) > RUNAWAY_FACTOR * max(1, reference_words(rec, f["start"], f["end"]))]
+    unjoined = [f for f in finals if "deltas" in f and f["deltas"] != f["text"]]
+    return {"file": rec["name"], "system": system, "run": run, "wer_%": wer([rec["reference"]], [text], rec["language"]),
+            "items": len(finals), "runaway": len(runaway), "unjoined": len(unjoined) if "realtime" in system else None,
+            "wall_s": round(wall, 1), "runaway_texts": [f["text"][:200] for f in runaway], "text": text}
+
+
+def offline_rows(engine, fw, rec: dict, systems: list[str]) -> list[dict]:
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform import transcribe_long
+
+    rows = []
+    language = rec["language"]
+    for system in systems:
+        t0 = time.perf_counter()
+        if system in ("fast", "accurate"):
+            text = asyncio.run(transcribe_long(engine, rec["audio"], mode=system, options=DecodeOptions(language=language))).text
+        else:
+            segments, _ = fw.transcribe(rec["audio"], beam_size=5 if system.endswith("beam5") else 1, language=language,
+                                        vad_filter=False, condition_on_previous_text=True)
+            text = "".join(s.text for s in segments)
+        rows.append({"file": rec["name"], "system": system, "run": 0, "wer_%": wer([rec["reference"]], [text], language),
+                     "wall_s": round(time.perf_counter() - t0, 1), "text": text})
+        print(table(rows[-1:], ["file", "system", "wer_%", "wall_s"]), flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    out = []
+    for key in dict.fromkeys((r["file"], r["system"]) for r in rows):
+        runs = [r for r in rows if (r["file"], r["system"]) == key]
+        wers = [r["wer_%"] for r in runs]
+        out.append({"file": key[0], "system": key[1], "runs": len(runs), "wer_%": sum(wers) / len(wers),
+                    "wer_min": min(wers), "wer_max": max(wers), "spread": max(wers) - min(wers),
+                    "items": runs[0].get("items"), "runaway": sum(r.get("runaway") or 0 for r in runs) if "items" in runs[0] else None,
+                    "unjoined": sum(r["unjoined"] for r in runs) if runs[0].get("unjoined") is not None else None,
+                    "identical_runs": len({r["text"] for r in runs}) == 1})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--files", default="6min,messy-en-15-0")
+    parser.add_argument("--transports", default="stream,realtime", help="stream, realtime, or none")
+    parser.add_argument("--condition", default="off", help="previous-text conditioning of the live runs: on, off or on,off")
+    parser.add_argument("--pace", type=float, default=4.0, help="times real time")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partials", default="off", help="on: /v1/stream decodes partials too (finals never "
+                        "see them; off saves CPU on a shared machine; Realtime items run none)")
+    parser.add_argument("--offline", default="fast,accurate", help=f"of {', '.join(OFFLINE)}, or none")
+    parser.add_argument("--out", default="bench_live_accuracy.json")
+    args = parser.parse_args()
+
+    from streamer.config import ModelConfig, load_settings
+    from streamer.engine.engine import Engine
+    from streamer.server.app import create_app, running
+
+    # Faster than real time the engine runs behind the audio; a client that has sent everything and
+    # waits for its last finals must not meet the server's idle timeout.
+    settings = load_settings({"MODEL_ID": args.model, "IDLE_TIMEOUT_S": "3600"})
+    engine = Engine.load(ModelConfig(model=args.model, device="cpu"), settings.engine)
+    offline = [s for s in args.offline.split(",") if s in OFFLINE]
+    fw = None
+    if any(s.startswith("fw") for s in offline):
+        from faster_whisper import WhisperModel
+
+        fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
+    transports = [t for t in args.transports.split(",") if t in ("stream", "realtime")]
+    conditions = [c == "on" for c in args.condition.split(",")]
+    rows: list[dict] = []
+    with running(create_app(settings, engine)) as base:
+        for spec in args.files.split(","):
+            rec = recording(spec)
+            print(f"{rec['name']}: {len(rec['audio']) / SAMPLE_RATE / 60:.1f} min", flush=True)
+            for transport in transports:
+                for condition in conditions:
+                    system = f"{transport}{'+cond' if condition else ''}@{args.pace:g}x"
+                    for run in range(args.runs):
+                        t0 = time.perf_counter()
+                        client = stream_native if transport == "stream" else stream_realtime
+                        finals = asyncio.run(client(base, rec, args.pace, condition, engine, args.partials == "on"))
+                        rows.append(live_row(rec, system, run, finals, time.perf_counter() - t0))
+                        print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s"]),
+                              flush=True)
+            rows += offline_rows(engine, fw, rec, offline)
+    engine.close()
+    result = {"environment": environment(), "model": args.model, "pace": args.pace, "audio_dir": str(AUDIO_DIR),
+              "summary": summary(rows), "runs": rows}
+    print("\n" + table(result["summary"], ["file", "system", "runs", "wer_%", "wer_min", "wer_max", "spread", "items",
+                                           "runaway", "unjoined", "identical_runs"]))
+    print("wrote", write_json(args.out, result))
+
+
+if __name__ == "__main__":
+    main()

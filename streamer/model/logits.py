@@ -1,0 +1,138 @@
+"""Decoding rules as batched tensor operations: suppression, timestamp rules, sampling.
+
+Every rule reads per-row state tensors (`SamplerState`), never Python lists, so that a whole
+decoder step, sampling included, runs on the device and can be captured in a CUDA graph; only the
+sampled ids and their log-probabilities come back to the host. The options and the verdict on a
+result are in `decoding.py` (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from streamer.model.tokenizer import Tokenizer
+
+MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp may not be later (openai's default)
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplerState:
+    """Per-row (slot) state of the logit rules, [S] tensors on the model's device."""
+
+    n_sampled: Tensor  # tokens sampled so far (0 before the first)
+    last: Tensor  # last sampled token (or -1)
+    penultimate: Tensor  # the one before (or -1)
+    last_timestamp: Tensor  # largest timestamp token sampled (or -1)
+    timestamps: Tensor  # bool: timestamp rules on for this row
+    temperature: Tensor  # float32; 0 is greedy
+
+    @classmethod
+    def allocate(cls, n: int, device) -> "SamplerState":
+        long = dict(dtype=torch.long, device=device)
+        return cls(torch.zeros(n, **long), torch.full((n,), -1, **long), torch.full((n,), -1, **long),
+                   torch.full((n,), -1, **long), torch.zeros(n, dtype=torch.bool, device=device),
+                   torch.zeros(n, dtype=torch.float32, device=device))
+
+    def rows(self, s: slice) -> "SamplerState":
+        return SamplerState(*(getattr(self, f)[s] for f in self.__dataclass_fields__))
+
+    def reset(self, s: slice, timestamps: list[bool], temperature: list[float]) -> None:
+        self.n_sampled[s] = 0
+        self.last[s] = -1
+        self.penultimate[s] = -1
+        self.last_timestamp[s] = -1
+        self.timestamps[s] = torch.tensor(timestamps, device=self.timestamps.device)
+        self.temperature[s] = torch.tensor(temperature, dtype=torch.float32, device=self.temperature.device)
+
+    def move_rows(self, src, dst) -> None:
+        """Copy rows `src` (a tensor of indices) into rows `dst` (disjoint from them)."""
+        for f in self.__dataclass_fields__:
+            t = getattr(self, f)
+            t[dst] = t[src]
+
+    def advance(self, tokens: Tensor, timestamp_begin: int) -> None:
+        """Record the sampled `tokens` [B] (rows 0..B-1), in place."""
+        b = tokens.shape[0]
+        self.penultimate[:b] = self.last[:b]
+        self.last[:b] = tokens
+        self.n_sampled[:b] += 1
+        ts = torch.where(tokens >= timestamp_begin, tokens, torch.full_like(tokens, -1))
+        self.last_timestamp[:b] = torch.maximum(self.last_timestamp[:b], ts)
+
+
+class LogitRules:
+    """Which tokens may come next, for a batch of rows, from the tokenizer and model config."""
+
+    def __init__(self, tokenizer: Tokenizer, n_vocab: int, suppress: list[int], begin_suppress: list[int], device):
+        tok = tokenizer
+        self.eot, self.ts_begin = tok.eot, tok.timestamp_begin
+        self.no_timestamps = tok.no_timestamps
+        ids = torch.arange(n_vocab, device=device)
+        # Control tokens are never sampled: they would derail the transcript.
+        specials = [tok.sot, tok.sot_prev, tok.translate, tok.transcribe, tok.no_speech, tok.sot_lm]
+        always = set(suppress or tok.non_speech_tokens) | {t for t in specials if t is not None}
+        self.suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
+        self.suppress[sorted(always)] = True
+        self.begin_suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
+        self.begin_suppress[begin_suppress or tok.blank_tokens] = True
+        self.is_timestamp = ids >= self.ts_begin
+        self.is_text = ids < self.eot
+        self.late_initial = ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
+        self.ids = ids
+
+    def apply(self, logits: Tensor, st: SamplerState, timestamps: bool = True) -> Tensor:
+        """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1).
+
+        `timestamps=False` promises that no row has timestamp rules on, and skips them.
+        """
+        b = logits.shape[0]
+        n, last, pen, last_ts = st.n_sampled[:b, None], st.last[:b, None], st.penultimate[:b, None], st.last_timestamp[:b, None]
+        ts_on = st.timestamps[:b, None]
+        at_begin = n == 0
+        forbid = self.suppress[None] | (at_begin & self.begin_suppress[None])
+        if not timestamps:
+            return logits.masked_fill(forbid, NEG_INF)
+
+        # Timestamp rules (openai/whisper's ApplyTimestampRules, vectorised): timestamps come in
+        # pairs, never decrease, each segment is non-empty, and the first one comes within 1 s.
+        last_ts_tok = (n >= 1) & (last >= self.ts_begin)
+        pen_ts_tok = (n < 2) | (pen >= self.ts_begin)
+        forbid_ts = last_ts_tok & pen_ts_tok
+        forbid_text = last_ts_tok & ~pen_ts_tok
+        lower = torch.where(last_ts_tok & ~pen_ts_tok, last_ts, last_ts + 1)
+        decreasing = (last_ts >= 0) & self.is_timestamp[None] & (self.ids[None] < lower)
+        ts_forbid = ((forbid_ts & self.is_timestamp[None]) | (forbid_text & self.is_text[None]) | decreasing
+                     | (at_begin & (~self.is_timestamp[None] | self.late_initial[None])))
+        ts_forbid = ts_forbid | (self.ids[None] == self.no_timestamps)
+        forbid = forbid | (ts_on & ts_forbid)
+        logits = logits.masked_fill(forbid, NEG_INF)
+
+        # If the timestamps together are likelier than any text token, a timestamp comes next.
+        logprobs = torch.log_softmax(logits, dim=-1)
+        ts_mass = logprobs.masked_fill(~self.is_timestamp[None], NEG_INF).logsumexp(-1, keepdim=True)
+        best_text = logprobs.masked_fill(self.is_timestamp[None], NEG_INF).amax(-1, keepdim=True)
+        return logits.masked_fill(ts_on & (ts_mass > best_text) & ~self.is_timestamp[None], NEG_INF)
+
+    def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None, timestamps: bool = True,
+               top_k: int = 0) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+        """(tokens [B], their log-probabilities [B], top-k (log-probs, ids) [B, k] or None) after the
+        rules; greedy where temperature is 0; the top-k candidates feed beam search.
+
+        `noise` [B, V] uniform(0, 1) draws (made outside any CUDA graph) for the Gumbel-max trick.
+        """
+        b = logits.shape[0]
+        logits = self.apply(logits, st, timestamps)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        temp = st.temperature[:b, None]
+        if noise is None:
+            tokens = logits.argmax(-1)
+        else:
+            gumbel = -torch.log(-torch.log(noise.clamp_min(1e-20)))
+            scores = torch.where(temp > 0, logits / temp.clamp_min(1e-6) + gumbel, logits)
+            tokens = scores.argmax(-1)
+        top = logprobs.topk(top_k, dim=-1) if top_k else None
+        return tokens, logprobs.gather(1, tokens[:, None])[:, 0], (tuple(top) if top is not None else None)

@@ -1,0 +1,82 @@
+"""Streaming equals offline on a long recording: the shared 6-minute file streamed through a
+`Session` and its `Bridge` against the real engine (tiny.en, real silero-vad; no sockets: the
+transports add nothing to the text) gives finals whose WER is within a point of offline `fast`
+transcription of the same file, with no runaway final.
+
+About two minutes of CPU: the audio is fed as fast as the session takes it, without partials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import jiwer
+import pytest
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from streamer.audio.decode import decode_audio
+from streamer.audio.vad import SileroVAD
+from streamer.config import StreamingConfig
+from streamer.engine.request import DecodeOptions
+from streamer.longform import transcribe_long
+from streamer.server.bridge import Bridge, Finalized
+from streamer.server.metrics import Metrics
+from streamer.streaming.session import Session
+
+SR = 16000
+CHUNK = SR // 10
+normalize = EnglishTextNormalizer()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+async def stream(engine, audio, config: StreamingConfig) -> list[Finalized]:
+    finals: list[Finalized] = []
+    bridge = Bridge(Session(config, SileroVAD()), engine, Metrics(lambda: None),
+                    lambda e: finals.append(e) if isinstance(e, Finalized) else None,
+                    session_id="live-test", language="en", task="transcribe")
+    for i in range(0, len(audio), CHUNK):
+        bridge.feed(audio[i:i + CHUNK])
+        await asyncio.sleep(0)  # let results in, as a socket's reads would
+    await bridge.finish(timeout=600)
+    return finals
+
+
+@pytest.fixture(scope="module")
+def long_row(manifest):
+    return next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+
+
+def test_live_finals_of_a_six_minute_recording_match_offline(engine, long_row):
+    audio = decode_audio(long_row["audio"])
+    assert len(audio) >= 5 * 60 * SR
+    reference = long_row["text"]
+    offline = asyncio.run(transcribe_long(engine, audio, mode="fast", options=DecodeOptions(language="en"))).text
+    config = StreamingConfig(partials=False)  # the default: no previous-text conditioning
+    finals = asyncio.run(stream(engine, audio, config))
+    assert all(f.error is None for f in finals)
+    texts = [f.final.text for f in finals if f.final is not None]
+    live, batch = wer(reference, " ".join(texts)), wer(reference, offline)
+    print(f"live WER {live:.2%} over {len(texts)} finals, offline fast {batch:.2%}")
+    assert live <= batch + 0.01
+    rate = len(normalize(reference).split()) / (len(audio) / SR)  # words per second (0.5-s pauses only)
+    for f in finals:
+        if f.final is not None:
+            assert len(normalize(f.final.text).split()) <= 2 * rate * f.duration + 4, f.final.text  # no runaway
+
+
+def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():
+    from streamer.server.stream import ProtocolError, parse_start
+
+    defaults = StreamingConfig()
+    start = parse_start({"type": "start", "condition_on_previous_text": False, "prompt": " Kennedy. "}, defaults, False, {"en"})
+    assert start.streaming.condition_on_previous is False and start.streaming.prompt == "Kennedy."
+    assert parse_start({"type": "start", "condition_on_previous": True}, defaults, False, {"en"}).streaming.condition_on_previous
+    for fields, name in [({"condition_on_previous_text": "yes"}, "condition_on_previous_text"),
+                         ({"condition_on_previous": 1}, "condition_on_previous"),
+                         ({"prompt": 5}, "prompt"), ({"prompt": "x" * 2001}, "prompt")]:
+        with pytest.raises(ProtocolError) as info:
+            parse_start({"type": "start", **fields}, defaults, False, {"en"})
+        assert info.value.code == "bad_field" and info.value.field == name

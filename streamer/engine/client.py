@@ -25,7 +25,6 @@ import logging
 import os
 import time
 import uuid
-from collections import Counter
 
 import numpy as np
 import zmq
@@ -100,9 +99,8 @@ class EngineClient:
             sub.connect(out)
             self.cores.append(CoreLink(i, push, sub))
         self._ids = itertools.count()
-        self._sessions: Counter = Counter()
-        """Session id -> windows in flight (their core is in `_session_core`)."""
-        self._session_core: dict[str, CoreLink] = {}
+        self._sessions: dict[str, tuple[CoreLink, int]] = {}
+        """Session id -> (the core holding its windows, how many are in flight)."""
         self._tasks: list[asyncio.Task] = []
         self.tokenizer = None
         self._model = ""
@@ -194,8 +192,8 @@ class EngineClient:
         handle = RemoteHandle(self, f"{self.gateway}.{next(self._ids)}", core, priority, session_id, stream_tokens)
         core.inflight[handle.id] = handle
         if session_id is not None:
-            self._sessions[session_id] += 1
-            self._session_core[session_id] = core
+            held = self._sessions.get(session_id, (core, 0))[1]
+            self._sessions[session_id] = (core, held + 1)
         self._send(core, p.Submit(id=handle.id, gateway=self.gateway, audio=p.audio_bytes(audio), options=options,
                                   priority=int(priority), session_id=session_id, deadline=deadline,
                                   stream_tokens=stream_tokens))
@@ -246,8 +244,8 @@ class EngineClient:
     # --- internals -----------------------------------------------------------------------------
 
     def _route(self, session_id: str | None) -> CoreLink:
-        if session_id is not None and self._sessions.get(session_id):
-            core = self._session_core[session_id]
+        if session_id in self._sessions:
+            core, _ = self._sessions[session_id]
             if core.up:
                 return core
         up = [c for c in self.cores if c.up]
@@ -264,10 +262,9 @@ class EngineClient:
     def _forget(self, core: CoreLink, handle: RemoteHandle, result: Result | None, error: Exception | None) -> None:
         core.inflight.pop(handle.id, None)
         if handle.session_id is not None:
-            self._sessions[handle.session_id] -= 1
-            if self._sessions[handle.session_id] <= 0:
-                del self._sessions[handle.session_id]
-                self._session_core.pop(handle.session_id, None)
+            core_of, held = self._sessions.pop(handle.session_id, (core, 1))
+            if held > 1:
+                self._sessions[handle.session_id] = (core_of, held - 1)
         handle.settle(result, error)
 
     def _lost(self, core: CoreLink, why: str) -> None:

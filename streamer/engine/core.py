@@ -236,24 +236,12 @@ class Core:
             self.ctx.term()
 
 
-def warm_up(engine: Engine) -> None:
-    """One decode of a second of silence, so that the first client does not pay for lazy setup."""
-    import numpy as np
-
-    from streamer.engine.request import DecodeOptions
-
-    done = threading.Event()
-    engine.enqueue("warmup", np.zeros(16000, np.float32), DecodeOptions(), priority=Priority.FINAL,
-                   on_done=lambda result, error: done.set())
-    done.wait(120.0)
-
-
 def run_core(spec: CoreSpec) -> None:
     """Process entry point: load, warm up, serve until SIGTERM/SIGINT (then drain and exit)."""
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s %(levelname)s core{spec.index}: %(message)s")
     engine = Engine.load(spec.model, spec.engine, cpu_threads=spec.cpu_threads)
-    warm_up(engine)
+    engine.warm_up()
     core = Core(spec, engine)
 
     def stop(signum, frame):

@@ -154,6 +154,14 @@ class Engine:
                 self.runner.step([])
             self.runner.step([], released=[s.id for s in self.runner.slots])
 
+    def warm_up(self) -> None:
+        """One decode of a second of silence, so that the first client does not pay for lazy
+        setup; blocks until it is done (any thread but the model thread)."""
+        done = threading.Event()
+        self.enqueue("warmup", np.zeros(SAMPLE_RATE, np.float32), DecodeOptions(), priority=Priority.FINAL,
+                     on_done=lambda result, error: done.set())
+        done.wait(120.0)
+
     @classmethod
     def load(cls, model: ModelConfig = ModelConfig(), config: EngineConfig = EngineConfig(),
              cpu_threads: int | None = None) -> "Engine":

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator
 
-import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -30,7 +29,6 @@ from starlette.staticfiles import StaticFiles
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.engine import Engine
-from streamer.engine.request import DecodeOptions, Priority
 from streamer.server import deepgram, files, realtime, redact, twilio
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
@@ -73,7 +71,7 @@ async def metrics(request: Request) -> Response:
 
 async def warm_up(engine: Engine) -> None:
     """One decode of a second of silence, so that the first client does not pay for lazy setup."""
-    await engine.transcribe(np.zeros(16000, np.float32), DecodeOptions(), priority=Priority.FINAL)
+    await asyncio.to_thread(engine.warm_up)
 
 
 async def _publish_loop_lag(state: ServerState) -> None:

@@ -135,8 +135,8 @@ class Bridge:
         first audio; moved later whenever the client falls behind real time, never earlier)."""
         self._room = asyncio.Event()
         self._room.set()
-        self._last_partial: dict[int, float] = {}
-        """When the open utterance's last partial went to the engine (the cadence metric)."""
+        self._last_partial: tuple[int, float] | None = None
+        """(utterance, monotonic time) of the last partial sent to the engine (the cadence metric)."""
 
     # --- input ------------------------------------------------------------------------------------
 
@@ -291,10 +291,9 @@ class Bridge:
             return  # partials are the first thing to go under load
         self._partial = (window, handle)
         now = time.monotonic()
-        last = self._last_partial.get(window.utterance_id)
-        if last is not None:
-            self.metrics.partial_interval.observe(now - last)
-        self._last_partial = {window.utterance_id: now}
+        if self._last_partial is not None and self._last_partial[0] == window.utterance_id:
+            self.metrics.partial_interval.observe(now - self._last_partial[1])
+        self._last_partial = (window.utterance_id, now)
         self._spawn(self._await_partial(window, handle))
 
     async def _await_partial(self, window: SubmitWindow, handle: Handle) -> None:

@@ -77,7 +77,12 @@ class StreamingConfig:
     partials: bool = True
     """Send provisional results while the person speaks."""
     partial_interval_s: float = 0.5
-    """New speech between two partial submissions."""
+    """New speech between two partial submissions; also the narrowest wall-time cadence."""
+    partial_interval_max_s: float = 4.0
+    """The widest the gateway's partial cadence gets under load (`streaming/cadence.py`)."""
+    final_budget_s: float | None = None
+    """Finals' time in the engine (p90) above which partials thin out; None: 0.3 s on a GPU,
+    0.6 s on the CPU (`cadence.budget_for`)."""
     language: str | None = None
     """None detects the language (multilingual models only)."""
     task: str = "transcribe"
@@ -177,6 +182,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "CUDA_GRAPHS": ("engine", "cuda_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
+    "PARTIAL_INTERVAL_MAX_S": ("streaming", "partial_interval_max_s"),
+    "FINAL_BUDGET_S": ("streaming", "final_budget_s"),
     "HOST": ("server", "host"),
     "WORKERS": ("server", "workers"),
     "PORT": ("server", "port"),

@@ -207,8 +207,11 @@ def test_a_full_queue_answers_429(jfk):
     try:
         with running(create_app(load_settings({}), busy)) as base:
             client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-            status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))
-            assert status == 429 and body["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError) as info:
+                client.audio.transcriptions.create(file=jfk, model="tiny.en")
+            assert info.value.status_code == 429 and info.value.body["type"] == "rate_limit_error"
+            assert "file requests are refused from 32" in info.value.body["message"]
+            assert info.value.response.headers["Retry-After"] == "1"  # engine/admission.py's default
     finally:
         async def drop():
             for h in handles:

@@ -323,17 +323,19 @@ def test_more_slots_than_exist_is_refused():
     assert s.queue_depth == 0
 
 
-def test_queue_bound_and_partial_fraction():
+def test_queue_bound_and_class_shares():
     s = scheduler(max_queue=4, fraction=0.5)
+    s.add(make("file", FILE))
     s.add(make("p1", PARTIAL, session="A"))
-    s.add(make("p2", PARTIAL, session="B"))
     with pytest.raises(QueueFull, match="2 windows queued, partial requests are refused from 2") as e:
         s.add(make("p3", PARTIAL, session="C"))
-    assert (e.value.depth, e.value.bound, e.value.priority) == (2, 2, PARTIAL)
+    assert (e.value.depth, e.value.bound, e.value.priority, e.value.retry_after_s) == (2, 2, PARTIAL, 1.0)
+    with pytest.raises(QueueFull, match="2 windows queued, file requests are refused from 2"):
+        s.add(make("file2", FILE))  # uploads never take the room of live finals
     # Replacing a queued partial does not grow the queue, so it is taken.
     assert s.add(make("p1b", PARTIAL, session="A")).id == "p1"
     s.add(make("f1", FINAL))
-    s.add(make("file", FILE))
+    s.add(make("f1b", FINAL))
     with pytest.raises(QueueFull, match="4 windows queued, final requests are refused from 4"):
         s.add(make("f2", FINAL))
     assert s.queue_depth == 4
@@ -534,7 +536,7 @@ def test_random_simulation_keeps_invariants(seed):
             try:
                 replaced = s.add(r)
             except QueueFull:
-                assert s.queue_depth >= (15 if priority is PARTIAL else 30)
+                assert s.queue_depth >= (30 if priority is FINAL else 15)
                 continue
             requests[r.id] = r
             if replaced is not None:

@@ -162,9 +162,10 @@ def test_max_sessions_across_transports(engine):
         async with websockets.connect(url + "/v1/stream") as a, websockets.connect(url + "/v1/realtime") as b:
             assert (await recv(b))["type"] == "session.created"
             full = await refused(url + "/v1/stream")
-            assert [e.get("code") for e in full] == ["overloaded", None, 1013]
+            assert [e.get("code") for e in full] == ["overloaded", None, 1013] and full[0]["retry_after_s"] == 5.0
             full = await refused(url + "/v1/realtime")
             assert full[0]["error"]["code"] == "overloaded" and full[-1]["code"] == 1013
+            assert full[0]["error"]["retry_after_s"] == 5.0
             status, body, headers = await asyncio.to_thread(offer, url)
             assert status == 503 and json.loads(body)["error"]["code"] == "overloaded" and headers["Retry-After"] == "5"
             await a.send(json.dumps({"type": "start"}))
@@ -203,6 +204,7 @@ def test_engine_queue_full_refuses_start():
     finally:
         engine.close()
     assert [e.get("code") for e in events] == ["overloaded", None, 1013]
+    assert "engine is at capacity" in events[0]["message"] and events[0]["retry_after_s"] == 5.0
 
 
 def test_api_key(engine):

@@ -3,7 +3,7 @@ processes over ZeroMQ (`engine/core.py`, messages in `engine/protocol.py`).
 
 `EngineClient` offers what the server, streaming and long-form code use of an engine:
 `submit() -> handle` (`await handle.result()`, `handle.cancel()`), `transcribe`, `align`,
-`tokenizer`, `model_name`, `device`, `config`, `queue_depth`, `max_queue`,
+`tokenizer`, `model_name`, `device`, `config`, `queue_depth`, `max_queue`, `quotas`,
 `partial_queue_limit`, `ready`, `metrics()`.
 
 Routing: a window goes to the core that already holds windows of its session, else to the least
@@ -35,9 +35,15 @@ from streamer.engine import protocol as p
 from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.handle import Handle
 from streamer.engine.request import DecodeOptions, Priority, Result, check_options
-from streamer.engine.scheduler import QueueFull
+from streamer.engine.admission import Kind, QueueFull, Quotas, check
 
 log = logging.getLogger("streamer.engine.client")
+
+
+def _quotas(ready: p.Ready) -> Quotas:
+    """One core's admission shares, as its `Ready` announced them."""
+    return Quotas(max_queue=ready.max_queue, partial_share=ready.partial_share, file_share=ready.file_share,
+                  stream_share=ready.stream_share)
 
 
 class RemoteHandle(Handle):
@@ -172,7 +178,15 @@ class EngineClient:
 
     @property
     def partial_queue_limit(self) -> int:
-        return sum(c.ready.partial_queue_limit for c in self.cores if c.ready)
+        return self.quotas.bound(Kind.PARTIAL)
+
+    @property
+    def quotas(self) -> Quotas:
+        """Admission shares over every core's queue (each core's own in `_quotas`)."""
+        ready = [c.ready for c in self.cores if c.ready]
+        if not ready:
+            return Quotas()
+        return dataclasses.replace(_quotas(ready[0]), max_queue=sum(r.max_queue for r in ready))
 
     def submit(self, audio: np.ndarray, options: DecodeOptions | None = None, *,
                priority: Priority = Priority.FILE, session_id: str | None = None, stream_tokens: bool = False,
@@ -184,11 +198,7 @@ class EngineClient:
         options = options or DecodeOptions()
         check_options(options, self.tokenizer)
         core = self._route(session_id)
-        depth = int(core.metrics.get("queue_depth", 0))
-        ready = core.ready
-        bound = ready.partial_queue_limit if priority == Priority.PARTIAL else ready.max_queue
-        if depth >= bound:
-            raise QueueFull(depth, bound, priority)
+        check(priority, int(core.metrics.get("queue_depth", 0)), _quotas(core.ready))  # raises QueueFull
         handle = RemoteHandle(self, f"{self.gateway}.{next(self._ids)}", core, priority, session_id, stream_tokens)
         core.inflight[handle.id] = handle
         if session_id is not None:
@@ -286,7 +296,8 @@ class EngineClient:
             self._forget(core, handle, m.result, None)
             return
         error = {"queue_full": lambda: QueueFull(int(core.metrics.get("queue_depth", 0)),
-                                                 core.ready.max_queue if core.ready else 0, handle.priority),
+                                                 core.ready.max_queue if core.ready else 0, handle.priority,
+                                                 _quotas(core.ready).retry_after_s if core.ready else 1.0),
                  "closed": lambda: EngineClosed(m.error), "cancelled": lambda: Cancelled(m.error),
                  "invalid": lambda: ValueError(m.error)}.get(m.kind, lambda: RuntimeError(m.error))()
         self._forget(core, handle, None, error)

@@ -84,7 +84,8 @@ class Core:
         I/O threads (decoding and encoding messages, socket calls)."""
         self.ready = p.Ready(core=spec.index, incarnation=self.incarnation, model=engine.model_name,
                              device=engine.device, max_new_tokens=engine.config.max_new_tokens,
-                             max_queue=engine.max_queue, partial_queue_limit=engine.partial_queue_limit,
+                             max_queue=engine.max_queue, partial_share=engine.quotas.partial_share,
+                             file_share=engine.quotas.file_share, stream_share=engine.quotas.stream_share,
                              tokenizer_json=engine.tokenizer.hf.to_str(), multilingual=engine.tokenizer.multilingual,
                              pid=os.getpid())
 

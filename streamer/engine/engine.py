@@ -27,6 +27,7 @@ from streamer.engine.handle import Handle
 from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.request import SAMPLE_RATE, DecodeOptions, check_options, Priority, Request, RequestState, Result
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
+from streamer.engine.admission import Quotas
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
 from streamer.model.decoding import best_attempt, compression_ratio, judge, split_segments
 from streamer.model.weights import LoadedModel, load_model
@@ -496,3 +497,8 @@ class Engine:
     def partial_queue_limit(self) -> int:
         """Queue depth from which partials are refused."""
         return self.scheduler.config.partial_queue_limit
+
+    @property
+    def quotas(self) -> Quotas:
+        """The admission shares of this engine's queue (`engine/admission.py`)."""
+        return self.scheduler.config.quotas

@@ -79,7 +79,10 @@ class Ready(msgspec.Struct, tag=True):
     device: str
     max_new_tokens: int
     max_queue: int
-    partial_queue_limit: int
+    partial_share: float
+    file_share: float
+    stream_share: float
+    """The core's admission shares (`engine/admission.py` `Quotas`)."""
     tokenizer_json: str
     """The model's `tokenizer.json`: the gateways build their tokenizer from it."""
     multilingual: bool

@@ -25,36 +25,26 @@ Rules:
 - Within a class, the earliest deadline goes first: live windows carry the wall time at which
   their audio ended at real-time pace, so a client that sends faster than real time queues
   behind the windows of the others instead of pushing their finals back.
-- Queue bound: `add()` raises QueueFull once `max_queue` requests are queued, and refuses a
-  PARTIAL already once `partial_queue_fraction` of it is used, so that finals keep room. A partial
-  that replaces its session's queued partial does not grow the queue and is always taken.
+- Queue bound: `add()` refuses a request once the queue is filled to its class's share
+  (`engine/admission.py`: finals the whole `max_queue`, partials and file windows half of it), so
+  that finals keep room. A partial that replaces its session's queued partial does not grow the
+  queue and is always taken; a fallback retry of admitted work is bounded by `max_queue` only.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from dataclasses import dataclass, field
 
+from streamer.engine.admission import Kind, QueueFull, Quotas, admit
 from streamer.engine.request import Priority, Request, RequestState
+
+__all__ = ["QueueFull", "Scheduler", "SchedulerConfig", "SchedulerError", "StepOutput", "StepPlan"]
 
 # Heap entry: (deadline, arrival, sequence number, request); the unique sequence number keeps
 # tuples from ever comparing two Requests and makes the order deterministic.
 _Entry = tuple[float, float, int, Request]
-
-
-class QueueFull(Exception):
-    """add() refused a request because the queue is at its bound (HTTP 429 / stream error)."""
-
-    def __init__(self, depth: int, bound: int, priority: Priority) -> None:
-        self.depth = depth
-        self.bound = bound
-        self.priority = priority
-        super().__init__(
-            f"engine queue full: {depth} windows queued, {priority.name.lower()} requests "
-            f"are refused from {bound}; retry later"
-        )
 
 
 class SchedulerError(Exception):
@@ -73,6 +63,10 @@ class SchedulerConfig:
     """Queued windows beyond which add() raises QueueFull."""
     partial_queue_fraction: float = 0.5
     """Partials are refused once this fraction of `max_queue` is queued, leaving room for finals."""
+    file_queue_fraction: float = 0.5
+    """File windows are refused from this fraction: uploads never take the room of live finals."""
+    stream_queue_fraction: float = 0.5
+    """New live streams are refused from this fraction (when partials are refused already)."""
     encode_while_finals: int = 1
     """Windows other than finals admitted per step while a final decodes. H200, tiny.en, 400
     live streams: p95 finalisation 1.17 s with 4 (of 16), 0.91 s with 1; partials then come
@@ -82,15 +76,20 @@ class SchedulerConfig:
         for name in ("max_slots", "max_encoder_batch", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        if not 0.0 < self.partial_queue_fraction <= 1.0:
-            raise ValueError(f"partial_queue_fraction must be in (0, 1], not {self.partial_queue_fraction}")
+        self.quotas  # checks the shares
         if self.encode_while_finals < 1:
             raise ValueError(f"encode_while_finals must be at least 1, not {self.encode_while_finals}")
 
     @property
+    def quotas(self) -> Quotas:
+        """The admission shares of this engine's queue (`engine/admission.py`)."""
+        return Quotas(max_queue=self.max_queue, partial_share=self.partial_queue_fraction,
+                      file_share=self.file_queue_fraction, stream_share=self.stream_queue_fraction)
+
+    @property
     def partial_queue_limit(self) -> int:
         """Queue depth from which partials are refused."""
-        return math.floor(self.partial_queue_fraction * self.max_queue)
+        return self.quotas.bound(Kind.PARTIAL)
 
 
 @dataclass
@@ -189,7 +188,7 @@ class Scheduler:
         if request.priority is Priority.PARTIAL and request.session_id is not None:
             replaced = self._queued_partial.get(request.session_id)
         if replaced is None:
-            self._check_room(request.priority)
+            self._check_room(request)
         else:
             self._unqueue(replaced)
             replaced.state = RequestState.CANCELLED
@@ -277,12 +276,13 @@ class Scheduler:
 
     # Helpers.
 
-    def _check_room(self, priority: Priority) -> None:
-        depth = len(self._queued)
-        if depth >= self.config.max_queue:
-            raise QueueFull(depth, self.config.max_queue, priority)
-        if priority is Priority.PARTIAL and depth >= self.config.partial_queue_limit:
-            raise QueueFull(depth, self.config.partial_queue_limit, priority)
+    def _check_room(self, request: Request) -> None:
+        # A fallback retry is admitted work: only the whole queue's bound holds it back.
+        kind = Kind.FINAL if request.attempt > 0 else Kind.of(request.priority)
+        quotas = self.config.quotas
+        refused = admit(kind, len(self._queued), quotas)
+        if refused is not None:
+            raise QueueFull(len(self._queued), quotas.bound(kind), request.priority, refused.retry_after_s)
 
     def _unqueue(self, request: Request) -> None:
         """Forget a queued request; its heap entry goes stale and is skipped later."""

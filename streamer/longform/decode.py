@@ -19,9 +19,6 @@ from streamer.engine.engine import Engine, Handle
 from streamer.engine.request import DecodeOptions, Priority, Result
 from streamer.engine.scheduler import QueueFull
 
-FILE_QUEUE_SHARE = 0.5
-"""File windows may fill at most this share of the engine's queue: the rest stays free for live
-streams, whose finals must never be refused because uploads arrived first."""
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 """A recording under way waits for queue room with backoff between these delays."""
@@ -29,14 +26,10 @@ RETRY_MAX_S = 1.0
 
 async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Handle:
     """Queue one window. A new recording (`started=False`) is refused at once with `QueueFull`
-    (HTTP 429); one under way waits for room instead of failing half done."""
+    (HTTP 429 with its Retry-After); one under way waits for room instead of failing half done."""
     delay = RETRY_FIRST_S
-    limit = max(1, int(FILE_QUEUE_SHARE * engine.max_queue))
     while True:
-        try:
-            depth = engine.queue_depth
-            if depth >= limit:
-                raise QueueFull(depth, limit, Priority.FILE)
+        try:  # file windows are refused past their share of the queue (`engine/admission.py`)
             return engine.submit(audio, options, priority=Priority.FILE)
         except QueueFull:
             if not started:

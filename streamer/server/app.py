@@ -77,7 +77,7 @@ async def warm_up(engine: Engine) -> None:
 async def _publish_loop_lag(state: ServerState) -> None:
     """Several workers: each writes its own loop lag where every worker's `/metrics` reads it."""
     while True:
-        state.metrics.loop_lag.set(state.loop_lag.lag)
+        state.metrics.publish()
         await asyncio.sleep(0.5)
 
 
@@ -98,7 +98,8 @@ def create_app(settings: Settings, engine: Engine | None = None,
     closes that at the end; otherwise the lifespan loads, warms up and finally closes one."""
     metrics_ = Metrics(lambda: state.engine.metrics() if state.engine is not None else None,
                        loop_lag=lambda: state.loop_lag.lag,
-                       core_metrics=lambda: state.engine.core_metrics() if hasattr(state.engine, "core_metrics") else [])
+                       core_metrics=lambda: state.engine.core_metrics() if hasattr(state.engine, "core_metrics") else [],
+                       cadence=lambda: state.cadence.interval(time.monotonic()))
     webrtc = _webrtc()
     state = ServerState(settings=settings, engine=engine, vad=SileroVAD(), metrics=metrics_,
                         ice_servers=webrtc.ice_servers_from_env(os.environ) if webrtc else [])

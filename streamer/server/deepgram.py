@@ -293,7 +293,7 @@ class DeepgramStream(SocketStream):
     def _send(self, message: dict) -> None:
         self._outbox.send(message)
 
-    def _refuse(self, kind: str, message: str, close_code: int) -> None:
+    def _refuse(self, kind: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
         self._send({"type": "Error", "variant": kind, "description": message, "message": message})
         self._outbox.close(close_code)
 
@@ -319,7 +319,7 @@ class DeepgramStream(SocketStream):
 
             return Bridge(Session(options.streaming, self.state.vad), self.state.engine, self.state.metrics, emit,
                           session_id=self.session_id, language=options.language, task="transcribe",
-                          word_timestamps=True)
+                          word_timestamps=True, cadence=self.state.cadence)
 
         self._channels = ChannelStreams(rate=options.sample_rate, channels=options.channels,
                                         encoding=options.encoding, multichannel=options.multichannel,
@@ -437,7 +437,7 @@ async def listen_file(request: Request) -> JSONResponse:
         return JSONResponse(ListenError(str(e), "UNSUPPORTED_MEDIA").http_body(request_id), status_code=400)
     except QueueFull as e:
         return JSONResponse({"err_code": "TOO_MANY_REQUESTS", "err_msg": str(e), "request_id": request_id},
-                            status_code=429)
+                            status_code=429, headers={"Retry-After": str(max(1, round(e.retry_after_s)))})
     except EngineClosed:
         return JSONResponse({"err_code": "SERVICE_UNAVAILABLE", "err_msg": "the server is shutting down",
                              "request_id": request_id}, status_code=503)

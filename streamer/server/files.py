@@ -54,12 +54,15 @@ class ApiError(Exception):
     """A request the endpoint refuses; becomes an OpenAI-shaped error response."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 type_: str = "invalid_request_error"):
+                 type_: str = "invalid_request_error", retry_after_s: float | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.type = status, message, code, param, type_
+        self.retry_after_s = retry_after_s
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.code, type_=self.type, param=self.param), status_code=self.status)
+        headers = None if self.retry_after_s is None else {"Retry-After": str(max(1, round(self.retry_after_s)))}
+        return JSONResponse(error_body(self.message, self.code, type_=self.type, param=self.param),
+                            status_code=self.status, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ async def _transcribe(request: Request, task: str) -> Response:
         return _refuse(request, e)
     except QueueFull as e:
         return _refuse(request, ApiError(429, f"the server is busy, try again shortly ({e})", "rate_limit_exceeded",
-                                         type_="rate_limit_error"))
+                                         type_="rate_limit_error", retry_after_s=e.retry_after_s))
     except EngineClosed:
         return _refuse(request, _shutting_down())
     except EngineUnavailable as e:

@@ -80,10 +80,10 @@ class Metrics:
     """The gateway's counters, gauges and histograms."""
 
     def __init__(self, engine_metrics: Callable[[], dict | None], loop_lag: Callable[[], float] | None = None,
-                 core_metrics: Callable[[], list[dict]] | None = None):
+                 core_metrics: Callable[[], list[dict]] | None = None, cadence: Callable[[], float] | None = None):
         """`engine_metrics` returns `engine.metrics()`, or None while no engine is loaded;
         `loop_lag` the event loop's lag in seconds (`LoopLag.lag`); `core_metrics` each engine
-        core's figures (several cores)."""
+        core's figures (several cores); `cadence` the live streams' partial interval now."""
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry()
         self._loop_lag = loop_lag
@@ -125,6 +125,15 @@ class Metrics:
             "streamer_partial_interval_seconds",
             "Time between two partial windows of one utterance: the live policy widens it under load",
             buckets=(0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0), registry=self.registry)
+        self._cadence = cadence
+        self.partial_cadence = None
+        if cadence is not None:
+            self.partial_cadence = Gauge(
+                "streamer_partial_cadence_seconds", "Wall time the live policy leaves between two partials of a "
+                "stream now (widened while finals exceed FINAL_BUDGET_S in the engine)", registry=self.registry,
+                multiprocess_mode="all")
+            if not self.multiprocess:
+                self.partial_cadence.set_function(cadence)
         self._engine = _EngineCollector(engine_metrics, core_metrics)
         self.registry.register(self._engine)
 
@@ -133,12 +142,18 @@ class Metrics:
         self.file_audio.inc(audio_s)
         self.file_time.observe(wall_s)
 
+    def publish(self) -> None:
+        """Several workers: write this worker's gauges where every worker's `/metrics` reads them."""
+        if self.loop_lag is not None:
+            self.loop_lag.set(self._loop_lag())
+        if self.partial_cadence is not None:
+            self.partial_cadence.set(self._cadence())
+
     def render(self) -> bytes:
         """The Prometheus text exposition of everything (every worker's, in multiprocess mode)."""
         if not self.multiprocess:
             return generate_latest(self.registry)
-        if self.loop_lag is not None:
-            self.loop_lag.set(self._loop_lag())
+        self.publish()
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(self._engine)

@@ -161,9 +161,6 @@ class RealtimeStream(SocketStream):
     # --- the connection -----------------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        if self.state.engine_saturated():  # (`/v1/stream` checks at its start message)
-            self._refuse("overloaded", "the engine queue is full; retry later", 1013)
-            return
         self._event("transcription_session.created" if self.beta else "session.created", session=self._session_wire())
         self._receiver = asyncio.ensure_future(self._receive_loop())
         await asyncio.wait([self._receiver])
@@ -195,19 +192,22 @@ class RealtimeStream(SocketStream):
         self._outbox.send({"type": type_, "event_id": _id("event_"), **fields})
 
     def _error(self, type_: str, code: str, message: str, param: str | None = None,
-               client_event: str | None = None) -> None:
+               client_event: str | None = None, retry_after_s: float | None = None) -> None:
         self.state.metrics.errors.labels(code).inc()
         message = message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "..."
-        self._event("error", error={"type": type_, "code": code, "message": message, "param": param,
-                                    "event_id": client_event})
+        error = {"type": type_, "code": code, "message": message, "param": param, "event_id": client_event}
+        if retry_after_s is not None:
+            error["retry_after_s"] = retry_after_s  # an extension: when to come back
+        self._event("error", error=error)
 
-    def _refuse(self, kind: str, message: str, close_code: int) -> None:
+    def _refuse(self, kind: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
         type_, code = {"unauthorized": ("invalid_request_error", "invalid_api_key"),
-                       "overloaded": ("server_error", "overloaded")}.get(kind, ("server_error", "internal_error"))
-        self._fatal(type_, code, message, close_code)
+                       "overloaded": ("server_error", "overloaded"),
+                       "shutting_down": ("server_error", "shutting_down")}.get(kind, ("server_error", "internal_error"))
+        self._fatal(type_, code, message, close_code, retry_after_s)
 
-    def _fatal(self, type_: str, code: str, message: str, close_code: int) -> None:
-        self._error(type_, code, message)
+    def _fatal(self, type_: str, code: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
+        self._error(type_, code, message, retry_after_s=retry_after_s)
         self._outbox.close(close_code)
 
     # --- receiving ----------------------------------------------------------------------------------
@@ -446,7 +446,8 @@ class RealtimeStream(SocketStream):
         self._numbers += 1
         bridge = Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics,
                         functools.partial(self._on_event, self._numbers), session_id=self.session_id,
-                        language=self._decoder_language(c.language), task="transcribe")
+                        language=self._decoder_language(c.language), task="transcribe",
+                        cadence=self.state.cadence)
         seg = _Segmentation(self._numbers, c, StreamResampler(c.rate, 1, c.encoding), bridge, self._time_base)
         self._segs[seg.number] = seg
         self._seg = seg

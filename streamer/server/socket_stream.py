@@ -191,7 +191,7 @@ class SocketStream:
                 self._refuse("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or "
                              "`?api_key=KEY`", 1008)
             elif (refusal := self.state.clients.acquire(address, server.max_connections_per_client)) is not None:
-                self._refuse("overloaded", refusal, 1013)
+                self._refuse("overloaded", refusal, 1013, retry_after_s=5.0)
             else:
                 try:
                     await self._admitted()
@@ -202,7 +202,7 @@ class SocketStream:
 
     async def _admitted(self) -> None:
         if (refusal := self.state.admit(self)) is not None:
-            self._refuse("overloaded", refusal, 1013)
+            self._refuse(refusal.code, refusal.reason, 1013, retry_after_s=refusal.retry_after_s)
             return
         try:
             await self._serve()
@@ -256,6 +256,7 @@ class SocketStream:
     async def _serve(self) -> None:
         raise NotImplementedError
 
-    def _refuse(self, kind: str, message: str, close_code: int) -> None:
-        """Tell the client why the stream ends (`kind`: unauthorized, overloaded or internal) and close."""
+    def _refuse(self, kind: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
+        """Tell the client why the stream ends (`kind`: unauthorized, overloaded, shutting_down or
+        internal) and, when it may come back, after how long; then close."""
         raise NotImplementedError

@@ -13,11 +13,13 @@ from typing import Protocol
 
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
+from streamer.engine.admission import Kind, Refused, admit, refuse
 from streamer.engine.engine import Engine
 from streamer.server.limits import ClientLimits
 from streamer.server.loop_lag import LoopLag
 from streamer.server.metrics import Metrics
 from streamer.server.resume import ResumeStore
+from streamer.streaming.cadence import CadenceConfig, PartialCadence, budget_for
 
 log = logging.getLogger("streamer.server")
 
@@ -57,20 +59,29 @@ class ServerState:
     twilio: dict = field(default_factory=dict)
     """`/v1/twilio` streams by `streamSid`, for their subscribers (`server/twilio.py`)."""
 
+    _cadence: PartialCadence | None = None
+
     def __post_init__(self) -> None:
         if self.resume is None:
             self.resume = ResumeStore(self.settings.server.worker_id, self.settings.server.resume_s)
 
-    def admit(self, stream: LiveStream) -> str | None:
-        """Register a new stream; or why not (shutting down, at `max_sessions`, the event loop
-        running late), as a message for the client."""
-        server = self.settings.server
-        if self.shutting_down:
-            return "the server is shutting down; retry on another"
-        if len(self.sessions) >= server.max_sessions:
-            return f"the server is at its limit of {server.max_sessions} live streams; retry later"
-        if server.max_loop_lag_s and self.loop_lag.lag >= server.max_loop_lag_s:
-            return f"the server is overloaded (its event loop runs {self.loop_lag.lag:.2f} s late); retry later"
+    @property
+    def cadence(self) -> PartialCadence:
+        """The partial cadence shared by this process's live streams (built once the engine is known)."""
+        if self._cadence is None:
+            s = self.settings.streaming
+            budget = s.final_budget_s or budget_for(self.engine.device if self.engine is not None else "cpu")
+            self._cadence = PartialCadence(CadenceConfig(min_interval_s=s.partial_interval_s,
+                                                         max_interval_s=max(s.partial_interval_s, s.partial_interval_max_s),
+                                                         final_budget_s=budget))
+        return self._cadence
+
+    def admit(self, stream: LiveStream) -> Refused | None:
+        """Register a new stream; or why not: shutting down, at `max_sessions`, the event loop
+        running late, or the engine's queue at its share for new streams (`engine/admission.py`)."""
+        refusal = self.refusal()
+        if refusal is not None:
+            return refusal
         self.sessions[stream.session_id] = stream
         self.metrics.sessions.labels(stream.transport).inc()
         return None
@@ -79,10 +90,20 @@ class ServerState:
         if self.sessions.pop(stream.session_id, None) is not None:
             self.metrics.sessions.labels(stream.transport).dec()
 
-    def engine_saturated(self) -> bool:
-        """The engine refuses partials already (its queue is half full): no new streams."""
+    def refusal(self) -> Refused | None:
+        """Why a new live stream would be refused now, or None."""
+        server = self.settings.server
+        if self.shutting_down:
+            return refuse("the server is shutting down; retry on another", 0.0, "shutting_down")
+        if len(self.sessions) >= server.max_sessions:
+            return refuse(f"the server is at its limit of {server.max_sessions} live streams; retry later", 5.0)
+        if server.max_loop_lag_s and self.loop_lag.lag >= server.max_loop_lag_s:
+            return refuse(f"the server is overloaded (its event loop runs {self.loop_lag.lag:.2f} s late); "
+                          "retry later", 2.0)
         engine = self.engine
-        return engine is not None and engine.queue_depth >= engine.partial_queue_limit
+        if engine is not None:
+            return admit(Kind.STREAM, engine.queue_depth, engine.quotas)
+        return None
 
     async def drain(self) -> None:
         """Shutdown, part one: refuse new streams, finalise and close every open one.

@@ -61,12 +61,13 @@ _VAD_RANGES = {
 class ProtocolError(Exception):
     """A client message the protocol rejects; `code` is the wire error code."""
 
-    def __init__(self, code: str, message: str, field: str | None = None):
+    def __init__(self, code: str, message: str, field: str | None = None, retry_after_s: float | None = None):
         # Capped: a message may quote what the client sent (a 1-MB field name, say).
         message = message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "..."
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
         self.field = field if field is None or len(field) <= MAX_ERROR_CHARS else field[:MAX_ERROR_CHARS] + "..."
 
     def event(self) -> dict:
@@ -245,7 +246,8 @@ class _Live:
         def make_bridge(channel: int | None) -> Bridge:
             session = Session(start.streaming, state.vad)
             return Bridge(session, state.engine, state.metrics, lambda e: self.emit(e, channel),
-                          session_id=session_id, language=language, task=start.streaming.task)
+                          session_id=session_id, language=language, task=start.streaming.task,
+                          cadence=state.cadence)
 
         self.channels = ChannelStreams(rate=start.sample_rate, channels=start.channels, encoding=start.encoding,
                                        multichannel=start.multichannel, make_bridge=make_bridge)
@@ -358,11 +360,14 @@ class NativeStream(SocketStream):
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
 
-    def _refuse(self, kind: str, message: str, close_code: int) -> None:
-        self._fatal(kind, message, close_code)
+    def _refuse(self, kind: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
+        self._fatal(kind, message, close_code, retry_after_s)
 
-    def _fatal(self, code: str, message: str, close_code: int) -> None:
-        self._send({"type": "error", "code": code, "message": message})
+    def _fatal(self, code: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
+        error = {"type": "error", "code": code, "message": message}
+        if retry_after_s is not None:
+            error["retry_after_s"] = retry_after_s
+        self._send(error)
         self._send({"type": "closed", "reason": "error"})
         self._outbox.close(close_code)
 
@@ -395,7 +400,7 @@ class NativeStream(SocketStream):
                     return "stop"
             except ProtocolError as e:
                 if e.code == "overloaded":
-                    self._fatal(e.code, e.message, 1013)
+                    self._fatal(e.code, e.message, 1013, e.retry_after_s)
                     return "error"
                 self._send(e.event())
             except Exception as e:  # a bug: the message is refused, the stream goes on
@@ -427,8 +432,8 @@ class NativeStream(SocketStream):
             return
         multilingual, languages = model_info(self.state)
         start = parse_start(msg, self.state.settings.streaming, multilingual, languages)
-        if self.state.engine_saturated():
-            raise ProtocolError("overloaded", "the engine queue is full; retry later")
+        if (refusal := self.state.refusal()) is not None and refusal.code == "overloaded":
+            raise ProtocolError("overloaded", refusal.reason, retry_after_s=refusal.retry_after_s)
         language = start.streaming.language if multilingual else "en"
         live = _Live(start, self.state, self.session_id, language)
         live.token = self.state.resume.register(live, presented_key(self.ws.scope))

@@ -217,7 +217,7 @@ class TwilioStream(SocketStream):
     def _authorized(self) -> bool:
         return True  # Twilio sends no headers of ours: the key comes as a <Parameter> in `start`
 
-    def _refuse(self, kind: str, message: str, close_code: int) -> None:
+    def _refuse(self, kind: str, message: str, close_code: int, retry_after_s: float | None = None) -> None:
         self._outbox.close(close_code)
 
     def _publish(self, message: dict) -> None:
@@ -297,7 +297,8 @@ class TwilioStream(SocketStream):
                     self._publish({**message, "channel": channel, "track": track})
 
             return Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics, emit,
-                          session_id=self.session_id, language=language, task=streaming.task)
+                          session_id=self.session_id, language=language, task=streaming.task,
+                          cadence=self.state.cadence)
 
         self._channels = ChannelStreams(rate=RATE, channels=len(TRACKS), encoding="mulaw", multichannel=True,
                                         make_bridge=make_bridge)

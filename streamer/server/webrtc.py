@@ -81,7 +81,7 @@ class WebRtcStream:
         self.task = start.streaming.task
         session = Session(start.streaming, state.vad)
         self.bridge = Bridge(session, state.engine, state.metrics, self._emit, session_id=self.session_id,
-                             language=self.language, task=self.task)
+                             language=self.language, task=self.task, cadence=state.cadence)
         servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
                    for s in state.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
@@ -268,9 +268,6 @@ async def offer_endpoint(request: Request) -> JSONResponse:
         start = parse_start(start_fields, state.settings.streaming, multilingual, languages, audio_fields=False)
     except ProtocolError as e:
         return _error(400, e.code, e.message, e.field, state=state)
-    if state.engine_saturated():
-        return _error(503, "overloaded", "the engine queue is full; retry later", headers={"Retry-After": "5"},
-                      state=state)
     address = request.client.host if request.client else None
     refusal = state.clients.acquire(address, state.settings.server.max_connections_per_client)
     if refusal is not None:
@@ -279,7 +276,8 @@ async def offer_endpoint(request: Request) -> JSONResponse:
     refusal = state.admit(stream)
     if refusal is not None:
         await stream.close()
-        return _error(503, "overloaded", refusal, headers={"Retry-After": "5"}, state=state)
+        return _error(503, refusal.code, refusal.reason, headers={"Retry-After": str(max(1, round(refusal.retry_after_s)))},
+                      state=state)
     try:
         answer = await stream.answer(sdp)
     except Exception as e:

@@ -190,6 +190,10 @@ class Session:
             raise ValueError(f"not a window id of this session: {window_id!r}")
         return self._partial_result(int(utterance_id), int(kind[1:]), result)
 
+    def forget(self, window_id: str) -> None:
+        """A final window that will never have a result (its decode failed)."""
+        self._finals.pop(window_id, None)
+
     def _on_boundary(self, b: VADEvent) -> list[Event]:
         if b.kind == "start":
             self._utterance = self._open(b.sample)

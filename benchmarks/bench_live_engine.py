@@ -2,9 +2,10 @@
 with no gateway, no sockets and no VAD, submitting what a live stream submits.
 
 Each session speaks utterances of real speech (English prompts of ../shared/audio, 1-s pauses
-between them) at real-time pace: every 0.5 s of speech a partial window with the utterance so far
-(PARTIAL, same session: a newer one replaces its queued older one), and 0.5 s after the utterance
-ends (the VAD's silence) its final (FINAL), with the real-time deadlines the gateway gives them.
+between them) at real-time pace: partial windows with the utterance so far under the live policy's
+rules (one in the engine at a time, none beside a final, spaced by the shared partial cadence;
+`--no-cadence`: every 0.5 s of speech), and 0.5 s after the utterance ends (the VAD's silence) its
+final (FINAL), with the real-time deadlines the gateway gives them.
 Final latency is counted from submitting the final to its result (the VAD's 0.5 s not included).
 Compare with `bench_streaming.py`, which serves the same load through the gateways: the gap is
 what the serving path costs.
@@ -33,8 +34,11 @@ VAD_SILENCE_S = 0.5
 PAUSE_S = 1.0
 
 
-async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats: dict, rng: random.Random) -> None:
-    from streamer.engine.errors import Cancelled
+async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats: dict, rng: random.Random,
+                  cadence) -> None:
+    """One simulated stream under the live policy's rules (`streaming/live.py`): at most one partial
+    in the engine and none beside a final, partials spaced by the shared `cadence` (None: every
+    0.5 s of speech), the utterance's partial cancelled when its final goes in."""
     from streamer.engine.request import DecodeOptions, Priority
     from streamer.engine.scheduler import QueueFull
 
@@ -42,63 +46,103 @@ async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats
     origin = time.monotonic()  # stream time 0 at real-time pace
     t = 0.0  # stream time
     k = 0
-    pending = []
+    pending, partial, last_partial = [], None, -1e9
+    finals_in_flight = [0]
     while time.monotonic() < until:
         clip = clips[k % len(clips)]
         k += 1
         for end in np.arange(PARTIAL_EVERY_S, len(clip) / RATE, PARTIAL_EVERY_S):
             await asyncio.sleep(max(0.0, origin + t + end - time.monotonic()))
+            now = time.monotonic()
+            if (partial is not None and not partial.done()) or finals_in_flight[0]:
+                stats["partials_waited"] += 1
+                continue
+            if cadence is not None and now - last_partial < cadence.interval(now):
+                stats["partials_thinned"] += 1
+                continue
             try:
                 h = engine.submit(clip[: int(end * RATE)], DecodeOptions(temperatures=(0.0,), max_new_tokens=32,
                                                                           language="en"),
                                   priority=Priority.PARTIAL, session_id=sid, deadline=origin + t + end)
-                stats["partials"] += 1
-                pending.append(asyncio.ensure_future(_partial(h, stats, Cancelled)))
             except QueueFull:
                 stats["partials_refused"] += 1
+                continue
+            stats["partials"] += 1
+            last_partial = now
+            partial = asyncio.ensure_future(_partial(h, stats))
+            partial.handle = h
+            pending.append(partial)
         t += len(clip) / RATE
         await asyncio.sleep(max(0.0, origin + t + VAD_SILENCE_S - time.monotonic()))
+        if partial is not None and not partial.done():
+            partial.handle.cancel()
         submitted = time.monotonic()
         h = engine.submit(clip, DecodeOptions(timestamps=True, language="en"), priority=Priority.FINAL,
                           session_id=sid, deadline=origin + t)
-        pending.append(asyncio.ensure_future(_final(h, submitted, stats)))
+        finals_in_flight[0] += 1
+        pending.append(asyncio.ensure_future(_final(h, submitted, stats, cadence, finals_in_flight)))
         t += PAUSE_S
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _partial(handle, stats: dict, cancelled) -> None:
+async def _partial(handle, stats: dict) -> None:
+    from streamer.engine.errors import Cancelled
+
     try:
         await handle.result()
-    except cancelled:
-        stats["partials_replaced"] += 1
+    except Cancelled:
+        stats["partials_cancelled"] += 1
 
 
-async def _final(handle, submitted: float, stats: dict) -> None:
-    await handle.result()
-    stats["final_s"].append(time.monotonic() - submitted)
+async def _final(handle, submitted: float, stats: dict, cadence, in_flight: list) -> None:
+    try:
+        await handle.result()
+    finally:
+        in_flight[0] -= 1
+    now = time.monotonic()
+    stats["final_s"].append(now - submitted)
+    if cadence is not None:
+        cadence.observe_final(now - submitted, now)
 
 
-def run(engine, n: int, seconds: float, clips: list[np.ndarray]) -> dict:
-    stats = {"partials": 0, "partials_replaced": 0, "partials_refused": 0, "final_s": []}
-    busy0, t0 = engine.metrics()["busy_s"], time.monotonic()
+def run(engine, n: int, seconds: float, clips: list[np.ndarray], use_cadence: bool, budget: float | None) -> dict:
+    from streamer.streaming.cadence import CadenceConfig, PartialCadence, budget_for
+
+    cadence = PartialCadence(CadenceConfig(final_budget_s=budget or budget_for(engine.device))) if use_cadence else None
+    stats = {"partials": 0, "partials_cancelled": 0, "partials_refused": 0, "partials_waited": 0,
+             "partials_thinned": 0, "final_s": []}
+    intervals: list[float] = []
+    busy0, steps0, t0 = engine.metrics()["busy_s"], engine.metrics()["steps"], time.monotonic()
 
     async def main():
         rng = random.Random(n)
         until = time.monotonic() + seconds
         order = list(range(len(clips)))
-        await asyncio.gather(*(session(engine, f"s{i}", [clips[j] for j in rng.sample(order, len(order))], until,
-                                       stats, rng) for i in range(n)))
+
+        async def watch():
+            while time.monotonic() < until:
+                if cadence is not None:
+                    intervals.append(cadence.interval(time.monotonic()))
+                await asyncio.sleep(0.25)
+
+        await asyncio.gather(watch(), *(session(engine, f"s{i}", [clips[j] for j in rng.sample(order, len(order))],
+                                                until, stats, rng, cadence) for i in range(n)))
 
     asyncio.run(main())
     wall = time.monotonic() - t0
     finals = stats["final_s"]
+    m = engine.metrics()
+    steps = m["steps"] - steps0
     return {"sessions": n, "finals": len(finals),
             "final_p50": float(np.percentile(finals, 50)) if finals else None,
             "final_p95": float(np.percentile(finals, 95)) if finals else None,
-            "partials": stats["partials"],
-            "partials_replaced": stats["partials_replaced"] / stats["partials"] if stats["partials"] else None,
+            "partials_per_s": stats["partials"] / wall,
+            "partials_cancelled": stats["partials_cancelled"] / stats["partials"] if stats["partials"] else None,
             "partials_refused": stats["partials_refused"],
-            "engine_busy": (engine.metrics()["busy_s"] - busy0) / wall, "wall_s": wall}
+            "cadence_s": float(np.mean(intervals)) if intervals else PARTIAL_EVERY_S,
+            "cadence_max_s": float(max(intervals)) if intervals else PARTIAL_EVERY_S,
+            "engine_busy": (m["busy_s"] - busy0) / wall,
+            "step_ms": 1000 * (m["busy_s"] - busy0) / steps if steps else None, "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,25 +151,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--sessions", default="16,64", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--seconds", type=float, default=25.0)
+    p.add_argument("--no-cadence", action="store_true", help="partials every 0.5 s of speech, as before the policy's cadence")
+    p.add_argument("--budget", type=float, default=None, help="FINAL_BUDGET_S of the cadence (default: by device)")
+    p.add_argument("--encode-while-finals", type=int, default=None)
+    p.add_argument("--overlap-encoder", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
     from streamer.config import EngineConfig, ModelConfig
     from streamer.engine.engine import Engine
 
-    engine = Engine.load(ModelConfig(model=args.model, device=args.device), EngineConfig())
+    config = EngineConfig(overlap_encoder=args.overlap_encoder,
+                          **({"encode_while_finals": args.encode_while_finals} if args.encode_while_finals else {}))
+    engine = Engine.load(ModelConfig(model=args.model, device=args.device), config)
     clips = [decode_audio(r["path"]) for r in manifest("en") if 2.0 <= r["duration"] <= 8.0][:60]
     rows = []
     try:
         for n in args.sessions:
-            rows.append(run(engine, n, args.seconds, clips))
+            rows.append(run(engine, n, args.seconds, clips, not args.no_cadence, args.budget))
             print(table(rows[-1:], list(rows[-1])), flush=True)
     finally:
         engine.close()
     speed_only = "speed only" in engine.model_name
     print(("\n(speed only: random weights) " if speed_only else "\n") + table(rows, list(rows[0])))
     result = {"model": engine.model_name, "device": engine.device, "seconds": args.seconds,
-              "environment": environment(), "runs": rows}
+              "cadence": not args.no_cadence, "budget": args.budget, "overlap_encoder": args.overlap_encoder,
+              "encode_while_finals": engine.config.encode_while_finals, "environment": environment(), "runs": rows}
     label = args.model.removeprefix("shape:").split(":")[0]
     name = args.out or f"bench_live_engine_{label}_{engine.device.split(':')[0]}.json"
     print(f"wrote {write_json(name, result)}")

@@ -253,7 +253,8 @@ SERVER_SAMPLES = ("streamer_window_seconds_sum", "streamer_window_seconds_count"
                   "streamer_engine_steps_total", "streamer_engine_busy_seconds_total",
                   "streamer_event_loop_lag_seconds", "streamer_partial_interval_seconds_sum",
                   "streamer_partial_interval_seconds_count", "streamer_engine_ipc_received_bytes_total",
-                  "streamer_engine_ipc_sent_bytes_total", "streamer_engine_ipc_cpu_seconds_total")
+                  "streamer_engine_ipc_sent_bytes_total", "streamer_engine_ipc_cpu_seconds_total",
+                  "streamer_partial_cadence_seconds")
 LAG_POLL_S = 0.25
 """How often the gateway's event-loop lag is read during a run (its peak is reported)."""
 
@@ -279,6 +280,8 @@ class LagWatch:
         self.http_url, self.peak = http_url, 0.0
         self.per_gateway: dict[str, float] = {}
         """pid -> highest lag (several gateway workers), '0' for a single process."""
+        self.cadence: list[float] = []
+        """The live policy's partial cadence as polled (every gateway's)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -297,6 +300,8 @@ class LagWatch:
                     pid = key.partition(":")[2] or "0"
                     self.per_gateway[pid] = max(self.per_gateway.get(pid, 0.0), value)
                     self.peak = max(self.peak, value)
+                elif key.startswith("streamer_partial_cadence_seconds"):
+                    self.cadence.append(value)
 
 
 def _profile_later(health: dict, args) -> None:
@@ -393,7 +398,7 @@ COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50",
 
 
 SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",
-                  "engine_busy", "loop_lag_max_s", "partial_interval_s", "ipc_MBps", "ipc_cpu"]
+                  "engine_busy", "loop_lag_max_s", "partial_interval_s", "cadence_max_s", "ipc_MBps", "ipc_cpu"]
 
 
 def fairness(url: str, args) -> dict:
@@ -431,6 +436,8 @@ def sweep(url: str, args) -> dict:
         summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
         summary["server"]["loop_lag_max_s"] = lag.peak
         summary["server"]["loop_lag_per_gateway_s"] = sorted(lag.per_gateway.values(), reverse=True)
+        summary["server"]["cadence_mean_s"] = float(np.mean(lag.cadence)) if lag.cadence else None
+        summary["server"]["cadence_max_s"] = max(lag.cadence) if lag.cadence else None
         runs.append(summary)
         print(table([summary], COLUMNS), flush=True)
         print(table([{"clients": n, **summary["server"]}], SERVER_COLUMNS), flush=True)

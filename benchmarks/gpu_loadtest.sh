@@ -10,6 +10,10 @@
 #   3. run(command="bash benchmarks/gpu_loadtest.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # PLAN=full (default): tiny.en at CLIENTS, the turbo shape at TURBO_CLIENTS, one process at SINGLE_CLIENTS.
 # PLAN=check: CUDA engine tests, tiny.en at 400/600/800 and the turbo shape at 200/400.
+# PLAN=engine: the tiny.en engine rows rerun (full_fp16 first and last), then the engine-only live probe
+#   (bench_live_engine.py) on the turbo shape: the policy's cadence at 200/400 sessions, without it at
+#   200, and with OVERLAP_ENCODER at 200.
+# PLAN=served: the served load with the live policy: turbo shape at 200/400, tiny.en at 400/600/800.
 # PLAN=ab: py-spy of the engine core at 400 tiny.en streams, then ENCODE_WHILE_FINALS=1 at 400 and 600
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
 # Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
@@ -38,6 +42,25 @@ if [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, 
     2>&1 | tail -3 | tee -a "$LOG"
   run tiny 130 --model tiny.en --clients 400,600,800
   run turbo 110 --model "$TURBO" --clients 200,400
+elif [ "${PLAN:-full}" = engine ]; then
+  t=$SECONDS
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 120 python3 bench_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
+    --audio "$INPUTS/clips.npz" --real tiny.en=$TINY --shapes "" --batches 1,32,128 --hf-batches "" \
+    --precisions full_fp16,mixed_fp8,full_fp16 --out bench_engine_tiny_rerun_h200.json) 2>&1 \
+    | grep -v "seem to have been set" > "$OUT/bench_engine_tiny.log"
+  echo "== tiny engine rows rc=${PIPESTATUS[0]} $((SECONDS - t)) s"; grep -A8 "encoder:" "$OUT/bench_engine_tiny.log" | head -40
+  live() {  # live NAME TIMEOUT ARGS...
+    local name=$1 tl=$2; shift 2; local s=$SECONDS
+    (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout "$tl" python3 bench_live_engine.py --device cuda --seconds 20 \
+      --model "$TURBO" --out "bench_live_engine_${name}_h200.json" "$@") 2>&1 | grep -v "INFO\|WARNING" > "$OUT/live_$name.log"
+    echo "== live $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; tail -4 "$OUT/live_$name.log"
+  }
+  live turbo_cadence 130 --sessions 200,400
+  live turbo_nocadence 80 --sessions 200 --no-cadence
+  live turbo_overlap 80 --sessions 200 --overlap-encoder
+elif [ "${PLAN:-full}" = served ]; then
+  run turbo_policy 120 --model "$TURBO" --clients 200,400
+  run tiny_policy 140 --model tiny.en --clients 400,600,800
 elif [ "${PLAN:-full}" = ab ]; then
   run tiny_profile 100 --model tiny.en --clients 400 --profile-at 400
   ENCODE_WHILE_FINALS=1 run tiny_ewf1 130 --model tiny.en --clients 400,600

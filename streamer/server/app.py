@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -28,7 +28,6 @@ from starlette.staticfiles import StaticFiles
 
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
-from streamer.engine.engine import Engine
 from streamer.server import deepgram, files, realtime, redact, twilio
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
@@ -37,6 +36,10 @@ from streamer.server.origin import OriginMiddleware, OriginPolicy
 from streamer.server.socket_stream import TransportTap
 from streamer.server.state import ServerState
 from streamer.server.stream import stream_endpoint
+
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
 
 log = logging.getLogger("streamer.server")
 
@@ -114,6 +117,8 @@ def create_app(settings: Settings, engine: Engine | None = None,
             state.engine = await connect()
         elif owned:
             log.info("loading %s", settings.model.model)
+            from streamer.engine.engine import Engine  # only here: a gateway worker imports no torch
+
             state.engine = await asyncio.to_thread(Engine.load, settings.model, settings.engine)
             await warm_up(state.engine)
             log.info("serving %s", state.engine.model_name)

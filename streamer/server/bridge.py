@@ -24,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from streamer.engine.engine import Engine, Handle
+from streamer.engine.handle import Handle
 from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.scheduler import QueueFull
 from streamer.longform.words import add_segment_words
@@ -37,6 +37,10 @@ from streamer.streaming.cadence import PartialCadence
 from streamer.streaming.live import (Action, Align, Cancel, Committed, Finalized, LiveOptions, LivePolicy, Observe,
                                      Retry, StreamEvent, Submit)
 from streamer.streaming.session import Session
+
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
 
 log = logging.getLogger("streamer.server")
 

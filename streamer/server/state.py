@@ -9,17 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.engine.admission import Kind, Refused, admit, refuse
-from streamer.engine.engine import Engine
 from streamer.server.limits import ClientLimits
 from streamer.server.loop_lag import LoopLag
 from streamer.server.metrics import Metrics
 from streamer.server.resume import ResumeStore
 from streamer.streaming.cadence import CadenceConfig, PartialCadence, budget_for
+
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
 
 log = logging.getLogger("streamer.server")
 

@@ -31,9 +31,15 @@ BLOCK_T = 128  # best for fp16 at every batch and fp8 at B >= 128; 64 was 7-10% 
 NUM_WARPS = 4  # 8 warps was 10-35% slower
 NUM_STAGES = 2  # 2 and 3 measured the same
 WAVES = 2  # fp16: split until B*H*splits reaches WAVES x SMs programs (B=1: 12 splits of T=1500, B=8: 2)
-# fp8: the H200 sweep of 2026-11-30 had 12 splits best at B=1, 6 tied best at B=8, 2 splits 10% better
-# than 1 at B=32 and 1 best at B>=128 (fp16: 2 at B=8, 1 from B=32): 8 waves gives exactly those counts.
-WAVES_FP8 = 8
+# FP8 with tile scales (the engine's cross cache): BLOCK_T 64 and split until B*H*splits reaches 4
+# programs per SM (528 on 132 SMs; a 4-warp program of ~100 registers, ~4-5 resident per SM). The
+# H200 sweep of 2026-12-01 (benchmarks/results/bench_attention_fp8.json, 18 launches per batch) had
+# BLOCK_T 64 best at every batch (1.3-1.7x faster than 128 from B=32) and, with it, 12 splits best
+# at B=1, 4 at B=8, 1 at B>=32 (32 x 20 = 640 programs already fill the SMs): exactly this rule.
+# (The rule before, 8 waves at BLOCK_T 128, chose 6 / 2 splits at B=8 / 32: 1.4x / 1.7x slower.)
+WAVES_FP8 = 4
+BLOCK_T_FP8 = 64
+WAVES_FP8_HEAD = 8  # FP8 with one scale per (slot, head), BLOCK_T 128: the 2026-11-30 sweep's rule
 SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
 CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
 PREFETCH = False  # K/V of the next tile loaded before this tile's math (registers): A/B pending
@@ -122,6 +128,21 @@ def choose_num_splits(batch_heads: int, max_len: int, sms: int, waves: int = WAV
     return -(-tiles // chunk_tiles)  # the count after rounding each chunk up to whole tiles
 
 
+def choose_launch(batch_heads: int, max_len: int, sms: int, kv: str = "fp16") -> tuple[int, int]:
+    """(splits, BLOCK_T) that decode_attention_triton picks for a cache of kind `kv`: "fp16" (or
+    bf16), "fp8" (a scale per (slot, head)) or "fp8tile" (a scale per 128-position tile: the
+    engine's cross cache). The split count fills the SMs: for fp8tile B*H*splits >= WAVES_FP8 x SMs
+    programs unless every split is one scale tile (or MAX_SPLITS)."""
+    if kv != "fp8tile":
+        return choose_num_splits(batch_heads, max_len, sms, WAVES if kv == "fp16" else WAVES_FP8_HEAD), BLOCK_T
+    # Chunks are whole scale tiles; rounded so that the count reaches the wanted one (never below
+    # it, unlike choose_num_splits, which rounds the chunk up and can halve the programs).
+    tiles = max(1, -(-max_len // SCALE_TILE))
+    wanted = -(-WAVES_FP8 * sms // batch_heads)
+    chunk_tiles = max(1, tiles // wanted, -(-tiles // MAX_SPLITS))
+    return -(-tiles // chunk_tiles), BLOCK_T_FP8
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -155,7 +176,7 @@ def decode_attention_triton(
     slot_ids: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    block_t: int = BLOCK_T,
+    block_t: int | None = None,
     num_warps: int = NUM_WARPS,
     const_strides: bool | None = None,
     full_length: bool = False,
@@ -164,8 +185,8 @@ def decode_attention_triton(
     """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
 
     `out` (optional, [B, H, D] in q's dtype) is written in place, as under a CUDA graph;
-    `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE) and
-    `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
+    `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE; default
+    BLOCK_T_FP8 for tile-scaled FP8 K/V, else BLOCK_T) and `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
     `full_length=True` promises that every row's length is T (cross-attention): the kernel then
     reads no lengths (their values are ignored); `prefetch` PREFETCH (the next tile's loads issued
     before this tile's math). A/Bs on the H200 pending for all three.
@@ -182,10 +203,13 @@ def decode_attention_triton(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    tile_scale = k_scale is not None and k_scale.dim() == 3
+    kind = "fp16" if k_scale is None else ("fp8tile" if tile_scale else "fp8")
+    chosen_splits, chosen_block_t = choose_launch(B * H, T, num_sms(q.device), kind)
+    block_t = block_t or chosen_block_t
     if SCALE_TILE % block_t:
         raise ValueError(f"block_t must divide SCALE_TILE={SCALE_TILE}, got {block_t}")
-    waves = WAVES if k_scale is None else WAVES_FP8
-    splits = num_splits or choose_num_splits(B * H, T, num_sms(q.device), waves)
+    splits = num_splits or chosen_splits
     # Whole tiles per split; with per-tile scales whole scale tiles too (a BLOCK_T tile never
     # straddles two scales), so the chunk is rounded to SCALE_TILE there.
     unit = SCALE_TILE if k_scale is not None and k_scale.dim() == 3 else block_t
@@ -197,7 +221,6 @@ def decode_attention_triton(
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
     has_scale = k_scale is not None
-    tile_scale = has_scale and k_scale.dim() == 3
     scales = (k_scale, v_scale) if has_scale else (part_m, part_m)  # placeholders, never read
     kernel = _decode_partial_kernel_const if (CONST_STRIDES if const_strides is None else const_strides) else _decode_partial_kernel
     kernel[(B * H, splits)](

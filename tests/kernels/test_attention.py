@@ -160,6 +160,23 @@ def test_choose_num_splits_fills_the_gpu():
     assert all(1 <= choose_num_splits(bh, t, 132) <= 32 for bh in (1, 6, 20, 5120) for t in (1, 448, 1500, 10**6))
 
 
+def test_fp8_tile_launch_fills_the_sms():
+    """Tile-scaled FP8 (the engine's cross cache): BLOCK_T 64, and T is split until
+    B*H*splits >= 4 x 132 programs (or every split is one 128-position scale tile): the counts the
+    H200 sweep of 2026-12-01 found best (B=1 12, B=8 4, B>=32 1)."""
+    from cuda_ops.attention import WAVES_FP8, choose_launch
+
+    assert [choose_launch(b * 20, 1500, 132, "fp8tile") for b in (1, 8, 32, 128, 256)] == [
+        (12, 64), (4, 64), (1, 64), (1, 64), (1, 64)]
+    for bh in (1, 6, 20, 48, 60, 120, 160, 320, 527, 528, 640, 5120):
+        splits, _ = choose_launch(bh, 1500, 132, "fp8tile")
+        assert bh * splits >= WAVES_FP8 * 132 or splits == 12, (bh, splits)
+    assert choose_launch(1, 10**6, 132, "fp8tile")[0] == 32  # MAX_SPLITS
+    assert choose_launch(1, 1, 132, "fp8tile")[0] == 1
+    assert choose_launch(8 * 20, 1500, 132, "fp16") == (2, 128)  # fp16 and per-head fp8 unchanged
+    assert choose_launch(8 * 20, 1500, 132, "fp8") == (6, 128)
+
+
 def test_reference_rejects_bad_inputs():
     q, k, v, lengths, args = make_case(3, 6, 17, "fp8", False)
     with pytest.raises(ValueError, match="k_scale"):

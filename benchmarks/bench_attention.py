@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
-from cuda_ops.attention import WAVES, WAVES_FP8, choose_num_splits, decode_attention_triton, quantize_kv, quantize_kv_tiles
+from cuda_ops.attention import WAVES, choose_launch, choose_num_splits, decode_attention_triton, quantize_kv, quantize_kv_tiles
 
 H, D = 20, 64  # large-v3 decoder
 CROSS_T = 1500  # encoder frames of a 30-s window
@@ -125,8 +125,10 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
         "ours_fp8": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4,
         "ours_fp8_tile": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4 * -(-T // 128),
     }
+    splits_tile, block_t_tile = choose_launch(B * H, T, SMS, "fp8tile")
     row = {"kind": kind, "B": B, "T": T, "mean_length": positions / B, "splits": choose_num_splits(B * H, T, SMS, WAVES),
-           "splits_fp8": choose_num_splits(B * H, T, SMS, WAVES_FP8)}
+           "splits_fp8": choose_launch(B * H, T, SMS, "fp8")[0], "splits_fp8_tile": splits_tile,
+           "block_t_fp8_tile": block_t_tile}
     for name, ms in times.items():
         gbps = moved[name] / ms / 1e6
         row[name] = {"ms": ms, "bytes": moved[name], "GBps": gbps, "pct_of_copy": 100 * gbps / ceiling}
@@ -138,14 +140,15 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
 
 SWEEP_BATCHES = (1, 8, 32, 64, 128, 256)
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 12)
-SWEEP_LAUNCHES = ((128, 4), (64, 4), (128, 8))  # (BLOCK_T, warps)
+SWEEP_LAUNCHES = ((64, 4), (128, 4), (32, 4), (64, 2), (64, 8))  # (BLOCK_T, warps)
 
 
-def sweep(ceiling: float) -> list[dict]:
+def sweep(ceiling: float, batches=SWEEP_BATCHES) -> list[dict]:
     """Tile-scaled FP8 cross-attention (T=1500) per batch: every (splits, BLOCK_T, warps), and
-    the chosen launch with compile-time strides. Prints the best per batch."""
+    the chosen launch (choose_launch) with compile-time strides, no lengths read, prefetch. Prints
+    the best per batch."""
     out = []
-    for B in SWEEP_BATCHES:
+    for B in batches:
         gen = torch.Generator(device="cuda").manual_seed(B)
         per_copy = B * H * CROSS_T * D * 2
         copies = max(1, min(16, -(-256_000_000 // per_copy)))
@@ -169,17 +172,18 @@ def sweep(ceiling: float) -> list[dict]:
             return {**kw, "us": round(ms * 1e3, 2), "GBps": round(gbps), "pct_of_copy": round(100 * gbps / ceiling, 1)}
 
         rows = [time_launch(num_splits=s, block_t=bt, num_warps=w) for s in SWEEP_SPLITS for bt, w in SWEEP_LAUNCHES]
-        chosen = choose_num_splits(B * H, CROSS_T, SMS, WAVES_FP8)
-        default = time_launch(num_splits=chosen)
+        chosen, chosen_bt = choose_launch(B * H, CROSS_T, SMS, "fp8tile")
+        default = time_launch()  # what decode_attention_triton picks by itself
+        default.update(num_splits=chosen, block_t=chosen_bt)
         const = time_launch(num_splits=chosen, const_strides=True)
         full = time_launch(num_splits=chosen, full_length=True)
         const_full = time_launch(num_splits=chosen, const_strides=True, full_length=True)
         prefetch = time_launch(num_splits=chosen, prefetch=True)
         all_three = time_launch(num_splits=chosen, const_strides=True, full_length=True, prefetch=True)
         best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
-        out.append({"B": B, "chosen_splits": chosen, "default": default, "const_strides": const, "full_length": full,
+        out.append({"B": B, "chosen_splits": chosen, "chosen_block_t": chosen_bt, "default": default, "const_strides": const, "full_length": full,
                     "const_full": const_full, "prefetch": prefetch, "all_three": all_three, "best": best, "all": rows})
-        print(f"sweep B={B}: chosen {chosen} splits {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
+        print(f"sweep B={B}: chosen {chosen} splits x BLOCK_T {chosen_bt} {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
               f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')}, "
               f"prefetch {prefetch.get('us')}, all three {all_three.get('us')} us; "
               f"best {best}", flush=True)
@@ -203,31 +207,59 @@ def print_table(rows: list[dict], ceiling: float) -> None:
         print(line + f"{r['speedup_fp8_vs_sdpa']:>9.2f}x{r['speedup_fp16_vs_sdpa']:>9.2f}x")
 
 
+def fp8_summary(rows: list[dict], sweep_rows: list[dict] | None, ceiling: float) -> list[dict]:
+    """Tile-scaled FP8 cross-attention per batch against the target: >= 80 % of the copy bandwidth."""
+    best = {r["B"]: r.get("best") or {} for r in sweep_rows or []}
+    out = []
+    for r in rows:
+        if r["kind"] != "cross":
+            continue
+        c = r["ours_fp8_tile"]
+        b = best.get(r["B"], {})
+        out.append({"B": r["B"], "splits": r["splits_fp8_tile"], "block_t": r["block_t_fp8_tile"],
+                    "programs": r["B"] * H * r["splits_fp8_tile"], "us": round(c["ms"] * 1e3, 1),
+                    "GBps": round(c["GBps"]), "pct_of_copy": round(c["pct_of_copy"], 1),
+                    "target_80": c["pct_of_copy"] >= 80, "sdpa_fp16_us": round(r["sdpa_fp16"]["ms"] * 1e3, 1),
+                    "sweep_best": (f"{b.get('num_splits')}x{b.get('block_t')}/w{b.get('num_warps')} {b.get('us')} us "
+                                   f"({b.get('pct_of_copy')} %)") if b else None})
+    print(f"\nFP8 cross-attention (tile scales, T={CROSS_T}, H={H}), chosen launch vs the copy bandwidth "
+          f"{ceiling:.0f} GB/s (target >= 80 %)")
+    cols = ["B", "splits", "block_t", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "sweep_best"]
+    print("  ".join(f"{c:>12}" for c in cols))
+    for r in out:
+        print("  ".join(f"{str(r[c]):>12}" for c in cols))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench_attention.json", help="file name under the results directory")
     parser.add_argument("--sweep", action="store_true", help="splits x BLOCK_T x warps x batch, tile-scaled fp8 cross")
     parser.add_argument("--no-table", action="store_true", help="only the sweep")
+    parser.add_argument("--batches", default=None, help="comma list of cross-attention batches (table and sweep)")
+    parser.add_argument("--no-self", action="store_true", help="leave out the self-attention rows")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA not available: nothing to benchmark (the kernels' CPU tests run through TRITON_INTERPRET=1)")
         return
     torch.backends.cuda.matmul.allow_tf32 = False
+    cross_batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else CROSS_BATCHES
     ceiling = copy_bandwidth_gbps()
     rows = []
     result = {"environment": environment(), "copy_bandwidth_GBps": ceiling, "rows": rows}
     if args.sweep:  # first: the launch choice is what the next change needs
-        result["sweep"] = sweep(ceiling)
+        result["sweep"] = sweep(ceiling, cross_batches if args.batches else SWEEP_BATCHES)
         write_json(args.out, result)
     if not args.no_table:
-        for B in CROSS_BATCHES:
+        for B in cross_batches:
             lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device="cuda")
             rows.append(run_case("cross", B, CROSS_T, lengths, B, ceiling))
-        for B in SELF_BATCHES:
+        for B in () if args.no_self else SELF_BATCHES:
             gen = torch.Generator(device="cuda").manual_seed(B)
             lengths = torch.randint(1, SELF_T + 1, (B,), dtype=torch.int32, device="cuda", generator=gen)
             rows.append(run_case("self", B, SELF_T, lengths, 2 * B, ceiling))  # decode B of 2B slots
         print_table(rows, ceiling)
+        result["fp8_summary"] = fp8_summary(rows, result.get("sweep"), ceiling)
     print("wrote", write_json(args.out, result))
 
 

@@ -17,11 +17,20 @@ benchmarks/results (or $BENCH_RESULTS_DIR).
 `--sweep`: cross-attention with tile-scaled FP8 K/V over batch x splits x BLOCK_T x warps, and the
 A/Bs of compile-time strides (const_strides), reading no lengths (full_length) and loading the
 next tile before this tile's math (prefetch) at each batch's chosen launch.
+
+BENCH_DRY=1: a dry run on the CPU (Triton's interpreter, H=2, T=300, a few launches, one timed call
+each, copy bandwidth taken as 1 GB/s): checks the script, measures nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
+
+DRY = os.environ.get("BENCH_DRY", "") not in ("", "0")
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"  # before cuda_ops is imported
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +38,9 @@ import torch.nn.functional as F
 from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
 from cuda_ops.attention import WAVES, choose_launch, choose_num_splits, decode_attention_triton, quantize_kv, quantize_kv_tiles
 
-H, D = 20, 64  # large-v3 decoder
-CROSS_T = 1500  # encoder frames of a 30-s window
+H, D = (2, 64) if DRY else (20, 64)  # large-v3 decoder
+CROSS_T = 300 if DRY else 1500  # encoder frames of a 30-s window
+DEV = "cpu" if DRY else "cuda"
 SELF_T = 448  # decoder context
 CROSS_BATCHES = (1, 8, 32, 128, 256)
 SELF_BATCHES = (8, 32, 128, 256)
@@ -39,9 +49,11 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 
 def copy_bandwidth_gbps() -> float:
     """Device-to-device copy of 2 GiB: bytes read + written per second, the practical ceiling."""
+    if DRY:
+        return 1.0
     from triton.testing import do_bench
 
-    src = torch.empty(1 << 30, dtype=torch.float16, device="cuda")
+    src = torch.empty(1 << 30, dtype=torch.float16, device=DEV)
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
     return 2 * src.numel() * src.element_size() / ms / 1e6
@@ -49,6 +61,11 @@ def copy_bandwidth_gbps() -> float:
 
 def graph_ms(calls: list) -> float:
     """Median time of one call, from replays of a CUDA graph that makes every call once."""
+    if DRY:
+        t0 = time.perf_counter()
+        for call in calls:
+            call()
+        return (time.perf_counter() - t0) * 1e3 / len(calls)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (and Triton compilation) outside the capture
@@ -73,10 +90,10 @@ def graph_ms(calls: list) -> float:
 
 def make_inputs(B: int, T: int, slots: int, gen: torch.Generator) -> dict:
     """One copy of an op's inputs: q, fp16 and fp8 caches of `slots` rows, slot ids if slots > B."""
-    q = torch.randn(B, H, D, device="cuda", dtype=torch.float16, generator=gen)
-    k = torch.randn(slots, H, T, D, device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn(slots, H, T, D, device="cuda", dtype=torch.float16, generator=gen)
-    slot_ids = torch.randperm(slots, device="cuda", generator=gen)[:B].to(torch.int32) if slots > B else None
+    q = torch.randn(B, H, D, device=DEV, dtype=torch.float16, generator=gen)
+    k = torch.randn(slots, H, T, D, device=DEV, dtype=torch.float16, generator=gen)
+    v = torch.randn(slots, H, T, D, device=DEV, dtype=torch.float16, generator=gen)
+    slot_ids = torch.randperm(slots, device=DEV, generator=gen)[:B].to(torch.int32) if slots > B else None
     k8, k_scale = quantize_kv(k)
     v8, v_scale = quantize_kv(v)
     k8t, k_tile = quantize_kv_tiles(k)
@@ -91,12 +108,12 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
     """Time SDPA fp16, ours fp16 and ours fp8 on one shape; lengths [B] int32 on the GPU."""
     from triton.testing import do_bench
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     kv_bytes = slots * H * T * D * 2 * 4  # fp16 + two fp8 caches of one copy
     copies = max(1, min(16, -(-256_000_000 // kv_bytes)))
     sets = [make_inputs(B, T, slots, gen) for _ in range(copies)]
     varying = bool((lengths != T).any())
-    mask = (torch.arange(T, device="cuda")[None, :] < lengths[:, None])[:, None, None, :] if varying else None
+    mask = (torch.arange(T, device=DEV)[None, :] < lengths[:, None])[:, None, None, :] if varying else None
 
     def sdpa(c):  # SDPA gets the batch's own K/V rows, gathered beforehand (not timed)
         return lambda: F.scaled_dot_product_attention(c["q"][:, :, None], c["k_rows"], c["v_rows"], attn_mask=mask)
@@ -116,7 +133,7 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
 
     times = {name: graph_ms([make(c) for c in sets]) for name, make in
              (("sdpa_fp16", sdpa), ("ours_fp16", ours_fp16), ("ours_fp8", ours_fp8), ("ours_fp8_tile", ours_fp8_tile))}  # fmt: skip
-    eager_fp8 = do_bench(ours_fp8(sets[0]), warmup=25, rep=200, return_mode="median")
+    eager_fp8 = graph_ms([ours_fp8(sets[0])]) if DRY else do_bench(ours_fp8(sets[0]), warmup=25, rep=200, return_mode="median")
     positions = int(lengths.sum())
     qo_bytes = 2 * B * H * D * 2
     moved = {
@@ -149,17 +166,17 @@ def sweep(ceiling: float, batches=SWEEP_BATCHES) -> list[dict]:
     the best per batch."""
     out = []
     for B in batches:
-        gen = torch.Generator(device="cuda").manual_seed(B)
+        gen = torch.Generator(device=DEV).manual_seed(B)
         per_copy = B * H * CROSS_T * D * 2
         copies = max(1, min(16, -(-256_000_000 // per_copy)))
         sets = []
         for _ in range(copies):
-            q = torch.randn(B, H, D, device="cuda", dtype=torch.float16, generator=gen)
-            k8, ks = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device="cuda", dtype=torch.float16, generator=gen))
-            v8, vs = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device="cuda", dtype=torch.float16, generator=gen))
+            q = torch.randn(B, H, D, device=DEV, dtype=torch.float16, generator=gen)
+            k8, ks = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
+            v8, vs = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
             sets.append((q, k8, v8, ks, vs, torch.empty_like(q)))
-        lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device="cuda")
-        moved = B * H * CROSS_T * D * 2 + 2 * B * H * D * 2 + 2 * B * H * 12 * 4
+        lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device=DEV)
+        moved = B * H * CROSS_T * D * 2 + 2 * B * H * D * 2 + 2 * B * H * -(-CROSS_T // 128) * 4
 
         def time_launch(**kw):
             calls = [lambda c=c: decode_attention_triton(c[0], c[1], c[2], lengths, k_scale=c[3], v_scale=c[4], out=c[5], **kw)
@@ -171,7 +188,8 @@ def sweep(ceiling: float, batches=SWEEP_BATCHES) -> list[dict]:
             gbps = moved / ms / 1e6
             return {**kw, "us": round(ms * 1e3, 2), "GBps": round(gbps), "pct_of_copy": round(100 * gbps / ceiling, 1)}
 
-        rows = [time_launch(num_splits=s, block_t=bt, num_warps=w) for s in SWEEP_SPLITS for bt, w in SWEEP_LAUNCHES]
+        splits_set, launches = ((1, 2), SWEEP_LAUNCHES[:2]) if DRY else (SWEEP_SPLITS, SWEEP_LAUNCHES)
+        rows = [time_launch(num_splits=s, block_t=bt, num_warps=w) for s in splits_set for bt, w in launches]
         chosen, chosen_bt = choose_launch(B * H, CROSS_T, SMS, "fp8tile")
         default = time_launch()  # what decode_attention_triton picks by itself
         default.update(num_splits=chosen, block_t=chosen_bt)
@@ -188,7 +206,8 @@ def sweep(ceiling: float, batches=SWEEP_BATCHES) -> list[dict]:
               f"prefetch {prefetch.get('us')}, all three {all_three.get('us')} us; "
               f"best {best}", flush=True)
         del sets
-        torch.cuda.empty_cache()
+        if not DRY:
+            torch.cuda.empty_cache()
     return out
 
 
@@ -239,7 +258,7 @@ def main() -> None:
     parser.add_argument("--batches", default=None, help="comma list of cross-attention batches (table and sweep)")
     parser.add_argument("--no-self", action="store_true", help="leave out the self-attention rows")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if not DRY and not torch.cuda.is_available():
         print("CUDA not available: nothing to benchmark (the kernels' CPU tests run through TRITON_INTERPRET=1)")
         return
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -252,11 +271,11 @@ def main() -> None:
         write_json(args.out, result)
     if not args.no_table:
         for B in cross_batches:
-            lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device="cuda")
+            lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device=DEV)
             rows.append(run_case("cross", B, CROSS_T, lengths, B, ceiling))
         for B in () if args.no_self else SELF_BATCHES:
-            gen = torch.Generator(device="cuda").manual_seed(B)
-            lengths = torch.randint(1, SELF_T + 1, (B,), dtype=torch.int32, device="cuda", generator=gen)
+            gen = torch.Generator(device=DEV).manual_seed(B)
+            lengths = torch.randint(1, SELF_T + 1, (B,), dtype=torch.int32, device=DEV, generator=gen)
             rows.append(run_case("self", B, SELF_T, lengths, 2 * B, ceiling))  # decode B of 2B slots
         print_table(rows, ceiling)
         result["fp8_summary"] = fp8_summary(rows, result.get("sweep"), ceiling)

@@ -198,12 +198,21 @@ def sweep(ceiling: float, batches=SWEEP_BATCHES) -> list[dict]:
         const_full = time_launch(num_splits=chosen, const_strides=True, full_length=True)
         prefetch = time_launch(num_splits=chosen, prefetch=True)
         all_three = time_launch(num_splits=chosen, const_strides=True, full_length=True, prefetch=True)
+        # the tensor-core path (mma=True) at the chosen splits, BLOCK_T 64 and 32, alone and with the A/Bs
+        mma = {f"{bt}" + ("+const+full" if cf else ""): time_launch(num_splits=chosen, block_t=bt, mma=True,
+                                                                  const_strides=cf, full_length=cf)
+               for bt in (64, 32) for cf in (False, True)}
+        mma_best = min((r for r in mma.values() if "us" in r), key=lambda r: r["us"], default={})
+        mma_text = ", ".join(f"{name} {r.get('us')}" for name, r in mma.items())
         best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
         out.append({"B": B, "chosen_splits": chosen, "chosen_block_t": chosen_bt, "default": default, "const_strides": const, "full_length": full,
-                    "const_full": const_full, "prefetch": prefetch, "all_three": all_three, "best": best, "all": rows})
+                    "const_full": const_full, "prefetch": prefetch, "all_three": all_three, "mma": mma,
+                    "mma_best": mma_best, "best": best, "all": rows})
         print(f"sweep B={B}: chosen {chosen} splits x BLOCK_T {chosen_bt} {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
               f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')}, "
               f"prefetch {prefetch.get('us')}, all three {all_three.get('us')} us; "
+              f"mma {mma_text} us "
+              f"(best {mma_best.get('pct_of_copy')} % of copy); "
               f"best {best}", flush=True)
         del sets
         if not DRY:
@@ -229,6 +238,7 @@ def print_table(rows: list[dict], ceiling: float) -> None:
 def fp8_summary(rows: list[dict], sweep_rows: list[dict] | None, ceiling: float) -> list[dict]:
     """Tile-scaled FP8 cross-attention per batch against the target: >= 80 % of the copy bandwidth."""
     best = {r["B"]: r.get("best") or {} for r in sweep_rows or []}
+    mma = {r["B"]: r.get("mma_best") or {} for r in sweep_rows or []}
     out = []
     for r in rows:
         if r["kind"] != "cross":
@@ -240,10 +250,13 @@ def fp8_summary(rows: list[dict], sweep_rows: list[dict] | None, ceiling: float)
                     "GBps": round(c["GBps"]), "pct_of_copy": round(c["pct_of_copy"], 1),
                     "target_80": c["pct_of_copy"] >= 80, "sdpa_fp16_us": round(r["sdpa_fp16"]["ms"] * 1e3, 1),
                     "sweep_best": (f"{b.get('num_splits')}x{b.get('block_t')}/w{b.get('num_warps')} {b.get('us')} us "
-                                   f"({b.get('pct_of_copy')} %)") if b else None})
+                                   f"({b.get('pct_of_copy')} %)") if b else None,
+                    "mma_best": (f"x{mma[r['B']].get('block_t')} {mma[r['B']].get('us')} us ({mma[r['B']].get('pct_of_copy')} %)"
+                                 if mma.get(r["B"]) else None)})
     print(f"\nFP8 cross-attention (tile scales, T={CROSS_T}, H={H}), chosen launch vs the copy bandwidth "
           f"{ceiling:.0f} GB/s (target >= 80 %)")
-    cols = ["B", "splits", "block_t", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "sweep_best"]
+    cols = ["B", "splits", "block_t", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "sweep_best",
+            "mma_best"]
     print("  ".join(f"{c:>12}" for c in cols))
     for r in out:
         print("  ".join(f"{str(r[c]):>12}" for c in cols))

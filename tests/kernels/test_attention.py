@@ -235,6 +235,21 @@ def test_tile_scales_match_reference(B, H, T, slots):
         check(out, ref32, tol)
 
 
+@pytest.mark.parametrize("kv", ["fp8tile", "fp8", torch.float16], ids=["fp8tile", "fp8", "fp16"])
+def test_tensor_core_path_matches_reference(kv):
+    """mma=True (q.K^T and P.V by tl.dot on 16 broadcast rows): the same bound, with one split and
+    several, BLOCK_T 64 and 32, slots, partial tiles and a row of length 1."""
+    shapes = [(3, 20, 1500), (7, 6, 300), (1, 6, 17)] if CUDA else [(2, 3, 300), (1, 2, 17)]
+    for B, H, T in shapes:
+        q, k, v, lengths, args = make_case(B, H, T, kv, True, seed=5)
+        ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+        tol = bound(q, k, v, lengths, args, ref32)
+        for splits, block_t in ((1, 64), (2, 32), (None, None)):
+            out = torch.full_like(q, float("nan"))
+            decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, block_t=block_t, mma=True)
+            check(out, ref32, tol)
+
+
 def test_quantize_kv_tiles_round_trip():
     """Per-tile scales: each tile's amax maps to 448 and every element is within the e4m3 step."""
     gen = torch.Generator().manual_seed(4)

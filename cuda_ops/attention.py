@@ -31,12 +31,19 @@ BLOCK_T = 128  # best for fp16 at every batch and fp8 at B >= 128; 64 was 7-10% 
 NUM_WARPS = 4  # 8 warps was 10-35% slower
 NUM_STAGES = 2  # 2 and 3 measured the same
 WAVES = 2  # fp16: split until B*H*splits reaches WAVES x SMs programs (B=1: 12 splits of T=1500, B=8: 2)
-# fp8: the H200 sweep of 2026-11-30 had 12 splits best at B=1, 6 tied best at B=8, 2 splits 10% better
-# than 1 at B=32 and 1 best at B>=128 (fp16: 2 at B=8, 1 from B=32): 8 waves gives exactly those counts.
-WAVES_FP8 = 8
+# FP8 with tile scales (the engine's cross cache): BLOCK_T 64 and split until B*H*splits reaches 4
+# programs per SM (528 on 132 SMs; a 4-warp program of ~100 registers, ~4-5 resident per SM). The
+# H200 sweep of 2026-12-01 (benchmarks/results/bench_attention_fp8.json, 18 launches per batch) had
+# BLOCK_T 64 best at every batch (1.3-1.7x faster than 128 from B=32) and, with it, 12 splits best
+# at B=1, 4 at B=8, 1 at B>=32 (32 x 20 = 640 programs already fill the SMs): exactly this rule.
+# (The rule before, 8 waves at BLOCK_T 128, chose 6 / 2 splits at B=8 / 32: 1.4x / 1.7x slower.)
+WAVES_FP8 = 4
+BLOCK_T_FP8 = 64
+WAVES_FP8_HEAD = 8  # FP8 with one scale per (slot, head), BLOCK_T 128: the 2026-11-30 sweep's rule
 SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
 CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
 PREFETCH = False  # K/V of the next tile loaded before this tile's math (registers): A/B pending
+MMA = False  # q.K^T and P.V on the tensor cores (fp16 q only; 16 identical rows): A/B pending
 MAX_SPLITS = 32  # bounds pass 2's tile (splits x D floats in one warp) for very long T
 
 
@@ -122,6 +129,21 @@ def choose_num_splits(batch_heads: int, max_len: int, sms: int, waves: int = WAV
     return -(-tiles // chunk_tiles)  # the count after rounding each chunk up to whole tiles
 
 
+def choose_launch(batch_heads: int, max_len: int, sms: int, kv: str = "fp16") -> tuple[int, int]:
+    """(splits, BLOCK_T) that decode_attention_triton picks for a cache of kind `kv`: "fp16" (or
+    bf16), "fp8" (a scale per (slot, head)) or "fp8tile" (a scale per 128-position tile: the
+    engine's cross cache). The split count fills the SMs: for fp8tile B*H*splits >= WAVES_FP8 x SMs
+    programs unless every split is one scale tile (or MAX_SPLITS)."""
+    if kv != "fp8tile":
+        return choose_num_splits(batch_heads, max_len, sms, WAVES if kv == "fp16" else WAVES_FP8_HEAD), BLOCK_T
+    # Chunks are whole scale tiles; rounded so that the count reaches the wanted one (never below
+    # it, unlike choose_num_splits, which rounds the chunk up and can halve the programs).
+    tiles = max(1, -(-max_len // SCALE_TILE))
+    wanted = -(-WAVES_FP8 * sms // batch_heads)
+    chunk_tiles = max(1, tiles // wanted, -(-tiles // MAX_SPLITS))
+    return -(-tiles // chunk_tiles), BLOCK_T_FP8
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -155,20 +177,22 @@ def decode_attention_triton(
     slot_ids: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    block_t: int = BLOCK_T,
+    block_t: int | None = None,
     num_warps: int = NUM_WARPS,
     const_strides: bool | None = None,
     full_length: bool = False,
     prefetch: bool | None = None,
+    mma: bool | None = None,
 ) -> torch.Tensor:
     """The Triton kernels on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D].
 
     `out` (optional, [B, H, D] in q's dtype) is written in place, as under a CUDA graph;
-    `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE) and
-    `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
+    `num_splits` overrides choose_num_splits, `block_t` (a power of two dividing SCALE_TILE; default
+    BLOCK_T_FP8 for tile-scaled FP8 K/V, else BLOCK_T) and `num_warps` the tuned launch, `const_strides` CONST_STRIDES (benchmarks and tests).
     `full_length=True` promises that every row's length is T (cross-attention): the kernel then
     reads no lengths (their values are ignored); `prefetch` PREFETCH (the next tile's loads issued
-    before this tile's math). A/Bs on the H200 pending for all three.
+    before this tile's math); `mma` MMA (tensor-core products; fp16 q only, else ignored). A/Bs on the
+    H200 pending for all four.
     """
     _check(q, k, v, lengths, k_scale, v_scale, slot_ids)
     if q.shape[2] not in (16, 32, 64, 128, 256):
@@ -182,10 +206,14 @@ def decode_attention_triton(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    tile_scale = k_scale is not None and k_scale.dim() == 3
+    kind = "fp16" if k_scale is None else ("fp8tile" if tile_scale else "fp8")
+    chosen_splits, chosen_block_t = choose_launch(B * H, T, num_sms(q.device), kind)
+    block_t = block_t or chosen_block_t
     if SCALE_TILE % block_t:
         raise ValueError(f"block_t must divide SCALE_TILE={SCALE_TILE}, got {block_t}")
-    waves = WAVES if k_scale is None else WAVES_FP8
-    splits = num_splits or choose_num_splits(B * H, T, num_sms(q.device), waves)
+    splits = num_splits or chosen_splits
+    use_mma = (MMA if mma is None else mma) and q.dtype == torch.float16 and k.dtype in (torch.float16, FP8_DTYPE)
     # Whole tiles per split; with per-tile scales whole scale tiles too (a BLOCK_T tile never
     # straddles two scales), so the chunk is rounded to SCALE_TILE there.
     unit = SCALE_TILE if k_scale is not None and k_scale.dim() == 3 else block_t
@@ -197,7 +225,6 @@ def decode_attention_triton(
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
     has_scale = k_scale is not None
-    tile_scale = has_scale and k_scale.dim() == 3
     scales = (k_scale, v_scale) if has_scale else (part_m, part_m)  # placeholders, never read
     kernel = _decode_partial_kernel_const if (CONST_STRIDES if const_strides is None else const_strides) else _decode_partial_kernel
     kernel[(B * H, splits)](
@@ -212,7 +239,7 @@ def decode_attention_triton(
         out.stride(0), out.stride(1), out.stride(2),
         splits, HAS_SCALE=has_scale, TILE_SCALE=tile_scale, HAS_SLOTS=slot_ids is not None,
         SINGLE_SPLIT=splits == 1, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, HEAD_DIM=D, FULL_T=full_length,
-        PREFETCH=PREFETCH if prefetch is None else prefetch,
+        PREFETCH=PREFETCH if prefetch is None else prefetch, MMA=use_mma,
         num_warps=num_warps, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
@@ -281,55 +308,10 @@ def _tile_update(kt, vt, t0, end, q, m_i, l_i, acc, ks_base, vs_base,
 
 
 @jit
-def _decode_partial(
-    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
-    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
-    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    H, T, chunk,
-    stride_qb, stride_qh, stride_qd,
-    stride_ks, stride_kh, stride_kt, stride_kd,
-    stride_vs, stride_vh, stride_vt, stride_vd,
-    stride_kss, stride_ksh, stride_vss, stride_vsh,
-    stride_ob, stride_oh, stride_od,
-    num_splits,
-    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):  # fmt: skip
-    """Pass 1's body; the two kernels below differ only in which arguments are compile-time."""
-    pid = tl.program_id(0)  # b * H + h
-    split = tl.program_id(1)
-    b = pid // H
-    h = pid % H
-    if FULL_T:  # every row attends to all T positions (cross-attention): no load before the loop
-        length = T
-    else:
-        length = tl.minimum(tl.load(len_ptr + b), T)
-    start = split * chunk
-    end = tl.minimum(start + chunk, length)
-    if HAS_SLOTS:
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-    else:
-        slot = b.to(tl.int64)
-
-    # HEAD_DIM is exact (a power of two), so no load is masked along it: a mask that varies along
-    # the contiguous axis stops vector loads (the fp8 path was 10% slower with one).
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d * stride_qd).to(tl.float32)
-    scale = qk_scale
-    if HAS_SCALE and not TILE_SCALE:
-        scale = scale * tl.load(k_scale_ptr + slot * stride_kss + h * stride_ksh)
-    q = q * scale  # folding both scales into q costs D multiplies instead of one per position
-    ks_base = k_scale_ptr + slot * stride_kss + h * stride_ksh
-    vs_base = v_scale_ptr + slot * stride_vss + h * stride_vsh
-
-    k_base = k_ptr + slot * stride_ks + h * stride_kh
-    v_base = v_ptr + slot * stride_vs + h * stride_vh
-    # Per-lane online softmax: lane t of every tile keeps its own running max m, sum l and
-    # output row acc[t, :], so the loop has no reduction across warps (the q.k sum runs along D
-    # inside a warp); the lanes are merged once after the loop. This ran 1.3-1.5x faster than
-    # reducing p @ V to [D] in every tile. The finite start (-1e30, not -inf) keeps exp2(m - m_new)
-    # at 0 or 1 for lanes that have seen no valid position yet, never NaN.
+def _lanes(q, k_base, v_base, ks_base, vs_base, start, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd,
+           TILE_SCALE: tl.constexpr, SCALE_TILE: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr,
+           PREFETCH: tl.constexpr):
+    """The per-lane online softmax over positions [start, end) -> (max, sum, unnormalised out [D])."""
     m_i = tl.full((BLOCK_T,), -1e30, tl.float32)
     l_i = tl.zeros((BLOCK_T,), tl.float32)
     acc = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
@@ -354,6 +336,94 @@ def _decode_partial(
     w = tl.exp2(m_i - m_max)
     l_sum = tl.sum(l_i * w, axis=0)
     o = tl.sum(acc * w[:, None], axis=0)  # [HEAD_DIM]
+    return m_max, l_sum, o
+
+
+@jit
+def _decode_partial(
+    q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    H, T, chunk,
+    stride_qb, stride_qh, stride_qd,
+    stride_ks, stride_kh, stride_kt, stride_kd,
+    stride_vs, stride_vh, stride_vt, stride_vd,
+    stride_kss, stride_ksh, stride_vss, stride_vsh,
+    stride_ob, stride_oh, stride_od,
+    num_splits,
+    HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
+    PREFETCH: tl.constexpr, MMA: tl.constexpr,
+):  # fmt: skip
+    """Pass 1's body; the two kernels below differ only in which arguments are compile-time."""
+    pid = tl.program_id(0)  # b * H + h
+    split = tl.program_id(1)
+    b = pid // H
+    h = pid % H
+    if FULL_T:  # every row attends to all T positions (cross-attention): no load before the loop
+        length = T
+    else:
+        length = tl.minimum(tl.load(len_ptr + b), T)
+    start = split * chunk
+    end = tl.minimum(start + chunk, length)
+    if HAS_SLOTS:
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+    else:
+        slot = b.to(tl.int64)
+
+    # HEAD_DIM is exact (a power of two), so no load is masked along it: a mask that varies along
+    # the contiguous axis stops vector loads (the fp8 path was 10% slower with one).
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_in = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d * stride_qd).to(tl.float32)
+    scale = qk_scale
+    if HAS_SCALE and not TILE_SCALE:
+        scale = scale * tl.load(k_scale_ptr + slot * stride_kss + h * stride_ksh)
+    q = q_in * scale  # folding both scales into q costs D multiplies instead of one per position
+    ks_base = k_scale_ptr + slot * stride_kss + h * stride_ksh
+    vs_base = v_scale_ptr + slot * stride_vss + h * stride_vsh
+
+    k_base = k_ptr + slot * stride_ks + h * stride_kh
+    v_base = v_ptr + slot * stride_vs + h * stride_vh
+    # Per-lane online softmax: lane t of every tile keeps its own running max m, sum l and
+    # output row acc[t, :], so the loop has no reduction across warps (the q.k sum runs along D
+    # inside a warp); the lanes are merged once after the loop. This ran 1.3-1.5x faster than
+    # reducing p @ V to [D] in every tile. The finite start (-1e30, not -inf) keeps exp2(m - m_new)
+    # at 0 or 1 for lanes that have seen no valid position yet, never NaN.
+    if MMA:
+        # Tensor cores (A/B, `mma=True`): q is broadcast to 16 identical rows, q.K^T and P.V are
+        # tl.dot of fp16 operands with fp32 accumulation, so each K/V element costs half an
+        # e4m3x2 -> f16x2 conversion and no fp32 conversion, multiply or cross-lane sum (the
+        # per-lane path spends ~1.5 conversions, ~1.5 shuffles and ~2 fp32 ops per element).
+        # P is rounded to fp16 for the second product, as flash-attention does.
+        qm = (tl.zeros((16, HEAD_DIM), tl.float32) + q_in[None, :]).to(tl.float16)
+        m_r = tl.full((16,), -1e30, tl.float32)
+        l_r = tl.zeros((16,), tl.float32)
+        acc_r = tl.zeros((16, HEAD_DIM), tl.float32)
+        for t0 in range(start, end, BLOCK_T):
+            kt, vt = _load_tile(k_base, v_base, t0, end, offs_d, stride_kt, stride_kd, stride_vt, stride_vd, BLOCK_T)
+            mask_t = t0 + tl.arange(0, BLOCK_T) < end
+            sc = scale
+            if TILE_SCALE:
+                sc = sc * tl.load(ks_base + t0 // SCALE_TILE)
+            s = tl.dot(qm, tl.trans(kt.to(tl.float16))) * sc  # [16, BLOCK_T], base-2 logits
+            s = tl.where(mask_t[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_r, tl.max(s, axis=1))
+            alpha = tl.exp2(m_r - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_r = l_r * alpha + tl.sum(p, axis=1)
+            pv = tl.dot(p.to(tl.float16), vt.to(tl.float16))  # [16, HEAD_DIM]
+            if TILE_SCALE:
+                pv = pv * tl.load(vs_base + t0 // SCALE_TILE)
+            acc_r = acc_r * alpha[:, None] + pv
+            m_r = m_new
+        row0 = tl.arange(0, 16) == 0  # the 16 rows are equal; take row 0 exactly
+        m_max = tl.max(tl.where(row0, m_r, -1e30), axis=0)
+        l_sum = tl.sum(tl.where(row0, l_r, 0.0), axis=0)
+        o = tl.sum(tl.where(row0[:, None], acc_r, 0.0), axis=0)
+    else:
+        m_max, l_sum, o = _lanes(q, k_base, v_base, ks_base, vs_base, start, end, offs_d,
+                                 stride_kt, stride_kd, stride_vt, stride_vd,
+                                 TILE_SCALE, SCALE_TILE, BLOCK_T, HEAD_DIM, PREFETCH)
     if HAS_SCALE and not TILE_SCALE:
         o = o * tl.load(vs_base)
 
@@ -381,7 +451,7 @@ def _decode_partial_kernel(
     num_splits,  # runtime, so that batch buckets of different split counts share one compiled kernel
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, MMA: tl.constexpr,
 ):  # fmt: skip
     _decode_partial(
         q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
@@ -389,7 +459,7 @@ def _decode_partial_kernel(
         stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
-        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH, MMA,
     )  # fmt: skip
 
 
@@ -406,7 +476,7 @@ def _decode_partial_kernel_const(
     num_splits: tl.constexpr,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, MMA: tl.constexpr,
 ):  # fmt: skip
     # Every shape and stride compile-time (one compile per call site and split count; fixed under
     # CUDA graphs). The A/B for the 25-30 % fp8 gap a prototype with constant strides showed
@@ -417,7 +487,7 @@ def _decode_partial_kernel_const(
         stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kt, stride_kd,
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
-        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH,
+        HAS_SCALE, TILE_SCALE, HAS_SLOTS, SINGLE_SPLIT, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, PREFETCH, MMA,
     )  # fmt: skip
 
 

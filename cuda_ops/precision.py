@@ -67,10 +67,12 @@ class PrecisionConfig:
     every decode step: the largest decoder read). FP8 with per-token scales halves it and doubles
     the number of decoder slots that fit; needs an attention kernel that reads FP8 K/V."""
 
-    cross_kv_epilogue: bool = True
-    """With an FP8 cross cache and an fp16 `cross_kv` linear: the projection is a Triton GEMM whose
-    epilogue quantises each 128-position tile of a head and writes the cache (cuda_ops/cross_kv.py);
-    False: cuBLAS's GEMM, then one quantise pass over its output (the same kernel without the GEMM)."""
+    cross_kv_epilogue: bool = False
+    """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
+    whose epilogue quantises each 128-position tile of a head and writes the cache
+    (cuda_ops/cross_kv.py); False (default): cuBLAS's GEMM, then one quantise pass over its output
+    (one read, one write). On the H200 the Triton GEMM ran at 157 TFLOP/s against cuBLAS's 584; to
+    pay it would need >= ~490 TFLOP/s with its epilogue (docs/kernels-fp8.md), so it is an A/B only."""
 
     fp8_min_width: int = 1024
     """Models narrower than this (d_model) keep every linear in fp16 whatever the sites say: their

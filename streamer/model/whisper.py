@@ -219,9 +219,9 @@ class TextDecoder(nn.Module):
         self.register_buffer("positional_embedding", torch.zeros(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
-        # FP8 cross cache: quantised in the projection's epilogue (True) or by a pass after cuBLAS's
-        # GEMM; set by streamer.model.fused.apply_precision (PrecisionConfig.cross_kv_epilogue).
-        self.cross_kv_epilogue = True
+        # FP8 cross cache: quantised by a pass after cuBLAS's GEMM (False) or in a Triton GEMM's epilogue
+        # (True, A/B); set by streamer.model.fused.apply_precision (PrecisionConfig.cross_kv_epilogue).
+        self.cross_kv_epilogue = False
         # float16-weight copy of the tied output projection for the CPU, set by `cpu_half_weights()`.
         self.proj_half: HalfWeightLinear | None = None
 

@@ -160,6 +160,23 @@ def test_choose_num_splits_fills_the_gpu():
     assert all(1 <= choose_num_splits(bh, t, 132) <= 32 for bh in (1, 6, 20, 5120) for t in (1, 448, 1500, 10**6))
 
 
+def test_fp8_tile_launch_fills_the_sms():
+    """Tile-scaled FP8 (the engine's cross cache): BLOCK_T 64, and T is split until
+    B*H*splits >= 4 x 132 programs (or every split is one 128-position scale tile): the counts the
+    H200 sweep of 2026-12-01 found best (B=1 12, B=8 4, B>=32 1)."""
+    from cuda_ops.attention import WAVES_FP8, choose_launch
+
+    assert [choose_launch(b * 20, 1500, 132, "fp8tile") for b in (1, 8, 32, 128, 256)] == [
+        (12, 64), (4, 64), (1, 64), (1, 64), (1, 64)]
+    for bh in (1, 6, 20, 48, 60, 120, 160, 320, 527, 528, 640, 5120):
+        splits, _ = choose_launch(bh, 1500, 132, "fp8tile")
+        assert bh * splits >= WAVES_FP8 * 132 or splits == 12, (bh, splits)
+    assert choose_launch(1, 10**6, 132, "fp8tile")[0] == 32  # MAX_SPLITS
+    assert choose_launch(1, 1, 132, "fp8tile")[0] == 1
+    assert choose_launch(8 * 20, 1500, 132, "fp16") == (2, 128)  # fp16 and per-head fp8 unchanged
+    assert choose_launch(8 * 20, 1500, 132, "fp8") == (6, 128)
+
+
 def test_reference_rejects_bad_inputs():
     q, k, v, lengths, args = make_case(3, 6, 17, "fp8", False)
     with pytest.raises(ValueError, match="k_scale"):
@@ -216,6 +233,21 @@ def test_tile_scales_match_reference(B, H, T, slots):
         out = torch.full_like(q, float("nan"))
         decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, block_t=block_t)
         check(out, ref32, tol)
+
+
+@pytest.mark.parametrize("kv", ["fp8tile", "fp8", torch.float16], ids=["fp8tile", "fp8", "fp16"])
+def test_tensor_core_path_matches_reference(kv):
+    """mma=True (q.K^T and P.V by tl.dot on 16 broadcast rows): the same bound, with one split and
+    several, BLOCK_T 64 and 32, slots, partial tiles and a row of length 1."""
+    shapes = [(3, 20, 1500), (7, 6, 300), (1, 6, 17)] if CUDA else [(2, 3, 300), (1, 2, 17)]
+    for B, H, T in shapes:
+        q, k, v, lengths, args = make_case(B, H, T, kv, True, seed=5)
+        ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+        tol = bound(q, k, v, lengths, args, ref32)
+        for splits, block_t in ((1, 64), (2, 32), (None, None)):
+            out = torch.full_like(q, float("nan"))
+            decode_attention_triton(q, k, v, lengths, **args, out=out, num_splits=splits, block_t=block_t, mma=True)
+            check(out, ref32, tol)
 
 
 def test_quantize_kv_tiles_round_trip():

@@ -59,6 +59,8 @@ elif [ "${PLAN:-full}" = engine ]; then
   live turbo_nocadence 80 --sessions 200 --no-cadence
   live turbo_overlap 80 --sessions 200 --overlap-encoder
 elif [ "${PLAN:-full}" = served ]; then
+  timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_scheduler.py tests/test_live.py \
+    2>&1 | tail -3 | tee -a "$LOG"
   run turbo_policy 120 --model "$TURBO" --clients 200,400
   run tiny_policy 140 --model tiny.en --clients 400,600,800
 elif [ "${PLAN:-full}" = ab ]; then

@@ -10,10 +10,12 @@ socket on one worker and the subscriber on the other. The relay then runs on eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -36,21 +38,22 @@ ROOT = Path(__file__).resolve().parents[1]
 RATE = 16000
 
 
-def _worker_health(sock: str) -> dict:
+def _worker_health(sock: str, tls: bool) -> dict:
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=10) as client:
-            return client.get("http://localhost/health").json()
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock, verify=not tls), timeout=10) as client:
+            return client.get(f"{'https' if tls else 'http'}://localhost/health").json()
     except (httpx.HTTPError, ValueError):
         return {}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """`streamer serve` (2 gateway workers, 1 engine core); yields (ws base URL, {worker: socket path})."""
-    tmp = tmp_path_factory.mktemp("relay")
+@contextlib.contextmanager
+def _serve(tmp: Path, **env_vars: str):
+    """`streamer serve` (2 gateway workers, 1 engine core); yields (ws base URL, {worker: socket
+    path}, process) once both workers answer on their sockets."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKERS": "2", "DEVICE": "cpu", "PORT": str(port),
-           "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "LOG_LEVEL": "INFO"}
+           "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "LOG_LEVEL": "INFO", **env_vars}
+    tls = "SSL_CERTFILE" in env_vars
     proc = subprocess.Popen([sys.executable, "-m", "streamer.cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -60,10 +63,10 @@ def served(tmp_path_factory):
             assert proc.poll() is None, "the server exited: " + proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < give_up, f"not up within {STARTUP_S} s"
             for path in glob.glob(str(tmp / "streamer-*" / "gw*.sock")):
-                if _worker_health(path).get("status") == "ok":
+                if _worker_health(path, tls).get("status") == "ok":
                     sockets[int(Path(path).stem[2:])] = path
             time.sleep(0.5)
-        yield f"ws://127.0.0.1:{port}", sockets, proc
+        yield f"{'wss' if tls else 'ws'}://127.0.0.1:{port}", sockets, proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -72,6 +75,12 @@ def served(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with _serve(tmp_path_factory.mktemp("relay")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +258,38 @@ def test_sigterm_stops_cleanly(served):
     log = proc.stderr.read().decode()
     assert "Traceback" not in log, log[-3000:]
     assert not any(os.path.exists(p) for p in sockets.values())
+
+
+def test_relay_over_tls(tmp_path_factory, jfk_path, monkeypatch):
+    """With TLS (`SSL_CERTFILE`) uvicorn serves it on the Unix sockets too, and the relay speaks
+    it: a session opened on one worker and resumed on the other is transcribed whole."""
+    from test_sdk_tls import make_certificate
+
+    tmp = tmp_path_factory.mktemp("relay-tls")
+    cert, key = make_certificate(tmp)
+    client_tls = ssl.create_default_context(cafile=str(cert))
+    client_tls.check_hostname = False  # the certificate names 127.0.0.1, the socket has no name
+    data = s16(decode_audio(jfk_path))
+    with _serve(tmp, SSL_CERTFILE=str(cert), SSL_KEYFILE=str(key)) as (base, sockets, proc):
+        def connect(uri, **kwargs):  # worker 0 first, then worker 1: the resume is relayed
+            return unix_connect(sockets[0 if client.ready is None else 1], uri, ssl=client_tls, **kwargs)
+
+        monkeypatch.setattr(streamer.client, "connect", connect)
+        client = StreamClient(base, partials=False)
+
+        async def run() -> list[dict]:
+            async with client:
+                for i in range(0, len(data), 3200):
+                    if i == 5 * 32000:
+                        client.drop()
+                    await client.send(data[i:i + 3200])
+                await client.stop()
+                return [e async for e in client]
+
+        events = asyncio.run(run())
+        assert client.resumes == 1 and client.ready["resume_token"].startswith("0.")
+        assert wer(JFK, finals_text(events)) < 0.2, events
+        assert events[-1] == {"type": "closed", "reason": "stop"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        assert "Traceback" not in proc.stderr.read().decode()

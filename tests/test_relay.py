@@ -52,7 +52,7 @@ def _serve(tmp: Path, **env_vars: str):
     path}, process) once both workers answer on their sockets."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKERS": "2", "DEVICE": "cpu", "PORT": str(port),
-           "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "LOG_LEVEL": "INFO", **env_vars}
+           "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "SHUTDOWN_GRACE_S": "60", "LOG_LEVEL": "INFO", **env_vars}
     tls = "SSL_CERTFILE" in env_vars
     proc = subprocess.Popen([sys.executable, "-m", "streamer.cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -250,10 +250,39 @@ def test_owner_names_are_bounded_and_cleaned_up(tmp_path):
     assert os.listdir(tmp_path / "owners") == []
 
 
-def test_sigterm_stops_cleanly(served):
-    """Runs last: the supervisor drains and exits 0, no traceback in any worker, run dir gone."""
-    _, sockets, proc = served
-    proc.send_signal(signal.SIGTERM)
+def test_sigterm_drains_a_relayed_session(served, jfk_path):
+    """Runs last on this server: a session resumed on the other worker is open mid-utterance when
+    the supervisor gets SIGTERM; the owner's drain reaches the client through the relay (the last
+    final, `closed: shutdown`, close 1001), the supervisor exits 0 with no traceback, and its
+    sockets are gone."""
+    base, sockets, proc = served
+    seven_s = s16(decode_audio(jfk_path))[: 7 * 32000]
+
+    async def run() -> tuple[list[dict], int]:
+        async with StreamClient(base, partials=False, resume=False) as s:
+            token = s.ready["resume_token"]
+            s.drop()
+        await asyncio.sleep(0.5)
+        other = sockets[1 - _worker_of(token)]
+        async with unix_connect(other, "ws://localhost/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "resume": {"token": token, "bytes_sent": 0,
+                                                                   "last_event_id": 0}}))
+            assert json.loads(await ws.recv())["resumed"]
+            for i in range(0, len(seven_s), 32000):
+                await ws.send(seven_s[i:i + 32000])
+            events = []
+            while not any(e["type"] == "speech_started" and e["t"] > 5 for e in events):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for message in ws:
+                    events.append(json.loads(message))
+            return events, ws.close_code
+
+    events, code = asyncio.run(run())
+    assert events[-1] == {"type": "closed", "reason": "shutdown"} and code == 1001, (events[-3:], code)
+    finals = [e for e in events if e["type"] == "final"]
+    assert finals and "country" in finals[-1]["text"].lower() and finals[-1]["end"] > 5.0, events
     assert proc.wait(120) == 0
     log = proc.stderr.read().decode()
     assert "Traceback" not in log, log[-3000:]

@@ -44,8 +44,9 @@ RELAY_HEADER = "x-streamer-relay"
 CONNECT_TIMEOUT_S = 5.0
 """How long a worker may take to accept a relayed connection (a busy loop on a loaded host)."""
 SENDABLE = range(1000, 5000)
-"""Close codes a close frame may carry; 1005, 1006 and 1015 only describe a connection that has none."""
+"""Close codes a close frame may carry, but for `UNSENDABLE`."""
 UNSENDABLE = (1005, 1006, 1015)
+"""Codes that only describe a connection that ended without one (no code, dropped, TLS failure)."""
 
 
 def _name(kind: str, key: str) -> str:
@@ -156,7 +157,10 @@ async def _client_to_owner(ws: WebSocket, upstream: ClientConnection) -> dict | 
     """The client's messages to the owner; the client's disconnect message when the client ends,
     None when the owner has closed."""
     while True:
-        message = await ws.receive()
+        try:
+            message = await ws.receive()
+        except Exception:  # the connection is gone without a disconnect message
+            return {"type": "websocket.disconnect", "code": 1006}
         if message["type"] == "websocket.disconnect":
             return message
         data = message.get("bytes")
@@ -166,10 +170,12 @@ async def _client_to_owner(ws: WebSocket, upstream: ClientConnection) -> dict | 
             return None
 
 
-async def _owner_to_client(ws: WebSocket, upstream: ClientConnection, drop_first: str | None) -> bool:
-    """The owner's messages to the client until the owner closes; False when the client is gone.
-    `drop_first`: a message type the client has had from this worker already (a subscriber's
-    `subscribed`): the owner's first message of that type is not passed on."""
+async def _owner_to_client(ws: WebSocket, upstream: ClientConnection, drop_first: str | None,
+                           send_timeout_s: float) -> bool:
+    """The owner's messages to the client until the owner closes; False when the client is gone
+    or takes no message for `send_timeout_s` (the owner cannot see that the client does not read:
+    this worker reads for it). `drop_first`: a message type the client has had from this worker
+    already (a subscriber's `subscribed`): the owner's first message of that type is not passed on."""
     try:
         async for data in upstream:
             if drop_first is not None:
@@ -177,13 +183,11 @@ async def _owner_to_client(ws: WebSocket, upstream: ClientConnection, drop_first
                 drop_first = None
                 if skip:
                     continue
-            if isinstance(data, str):
-                await ws.send_text(data)
-            else:
-                await ws.send_bytes(data)
+            await asyncio.wait_for(ws.send_text(data) if isinstance(data, str) else ws.send_bytes(data),
+                                   send_timeout_s)
     except ConnectionClosed:  # the owner dropped without a close frame
         pass
-    except Exception:  # the client is gone
+    except Exception:  # the client is gone, or does not read
         return False
     return True
 
@@ -221,16 +225,16 @@ async def _close_owner(upstream: ClientConnection, disconnect: dict) -> None:
 
 
 async def pipe(ws: WebSocket, upstream: ClientConnection, *, first: str | None = None,
-               drop_first: str | None = None, flush_s: float = 20.0) -> None:
+               drop_first: str | None = None, send_timeout_s: float = 20.0) -> None:
     """Relay the accepted client WebSocket `ws` to the owner's `upstream` until either ends,
     then close the other the same way. `first`: a client message this worker read already,
-    sent on first. `flush_s`: after the owner has closed, how long the client has to take what
-    the owner sent before it (a client that does not read is then aborted)."""
+    sent on first. `send_timeout_s` (`ServerConfig.send_timeout_s`): a client that takes no
+    message for this long, or has not taken what the owner sent before closing, is cut off."""
     if first is not None:
         with contextlib.suppress(ConnectionClosed):
             await upstream.send(first)
     up = asyncio.ensure_future(_client_to_owner(ws, upstream))
-    down = asyncio.ensure_future(_owner_to_client(ws, upstream, drop_first))
+    down = asyncio.ensure_future(_owner_to_client(ws, upstream, drop_first, send_timeout_s))
     owner_closed = asyncio.ensure_future(upstream.wait_closed())
     try:
         await asyncio.wait([up, down, owner_closed], return_when=asyncio.FIRST_COMPLETED)
@@ -238,12 +242,13 @@ async def pipe(ws: WebSocket, upstream: ClientConnection, *, first: str | None =
             down.cancel()
             await _close_owner(upstream, up.result())
             return
-        if down.done() and not down.result():  # the client is gone
+        if down.done() and not down.result():  # the client is gone or does not read
             up.cancel()
             upstream.transport.abort()
+            abort_transport(ws.scope)
             return
         # The owner has closed: what it sent before goes out, then the same close.
-        done, _ = await asyncio.wait([down], timeout=flush_s)
+        done, _ = await asyncio.wait([down], timeout=send_timeout_s)
         up.cancel()
         if not done or not down.result():
             down.cancel()

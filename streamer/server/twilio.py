@@ -363,7 +363,7 @@ async def events_endpoint(ws: WebSocket) -> None:
             if upstream is not None:
                 outbox.abandon()
                 await outbox.flushed(FINISH_TIMEOUT_S)
-                await pipe(ws, upstream, drop_first="subscribed", flush_s=state.settings.server.send_timeout_s)
+                await pipe(ws, upstream, drop_first="subscribed", send_timeout_s=state.settings.server.send_timeout_s)
                 return
             outbox.send({"type": "error", "code": "internal",
                          "message": f"gateway worker {owner}, which holds the call, does not answer"})

@@ -52,7 +52,8 @@ def _serve(tmp: Path, **env_vars: str):
     path}, process) once both workers answer on their sockets."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKERS": "2", "DEVICE": "cpu", "PORT": str(port),
-           "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "SHUTDOWN_GRACE_S": "60", "LOG_LEVEL": "INFO", **env_vars}
+           "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "SHUTDOWN_GRACE_S": "60",
+           "LOG_LEVEL": "INFO", **env_vars}
     tls = "SSL_CERTFILE" in env_vars
     proc = subprocess.Popen([sys.executable, "-m", "streamer.cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -337,7 +337,8 @@ class NativeStream(SocketStream):
             self._outbox.abandon()
             await self._outbox.flushed(SHUTDOWN_FLUSH_S)
             upstream, start = self._relay
-            await pipe(self.ws, upstream, first=json.dumps(start), send_timeout_s=self.state.settings.server.send_timeout_s)
+            await pipe(self.ws, upstream, first=json.dumps(start),
+                       send_timeout_s=self.state.settings.server.send_timeout_s)
             return
         if reason == "disconnect" and live is not None and live.token is not None and not live.failed:
             live.owner = None  # kept for a resume

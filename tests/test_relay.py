@@ -36,6 +36,8 @@ from test_processes import STARTUP_S, _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 16000
+SEND_TIMEOUT_S = 5
+"""The servers' `send_timeout_s`: a client that takes nothing this long is cut off."""
 
 
 def _worker_health(sock: str, tls: bool) -> dict:
@@ -53,7 +55,7 @@ def _serve(tmp: Path, **env_vars: str):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKERS": "2", "DEVICE": "cpu", "PORT": str(port),
            "TMPDIR": str(tmp), "IDLE_TIMEOUT_S": "600", "RESUME_S": "30", "SHUTDOWN_GRACE_S": "60",
-           "LOG_LEVEL": "INFO", **env_vars}
+           "SEND_TIMEOUT_S": str(SEND_TIMEOUT_S), "LOG_LEVEL": "INFO", **env_vars}
     tls = "SSL_CERTFILE" in env_vars
     proc = subprocess.Popen([sys.executable, "-m", "streamer.cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -187,6 +189,42 @@ def test_a_relayed_resume_keeps_the_key_binding_and_close_codes(served):
                 assert json.loads(await ws.recv())["code"] == "resume_failed"
 
     asyncio.run(run())
+
+
+def test_a_relayed_client_that_does_not_read_is_cut_off(served):
+    """The relaying worker reads the owner's events for the client, so the owner cannot see a
+    client that stops reading; the relay does: past `send_timeout_s` without a message taken it
+    drops the connection (no close frame: the client does not read one)."""
+    base, sockets, _ = served
+
+    async def run() -> tuple[int, int | None]:
+        async with StreamClient(base, resume=False) as s:
+            token = s.ready["resume_token"]
+            s.drop()
+        await asyncio.sleep(0.5)
+        async with unix_connect(sockets[1 - _worker_of(token)], "ws://localhost/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "resume": {"token": token, "bytes_sent": 0,
+                                                                   "last_event_id": 0}}))
+            assert json.loads(await ws.recv())["resumed"]
+            await ws.send(bytes(3200))
+            # 2 MB of pongs: more than the sockets between hold, less than the owner's outbox
+            # bound (`max_outbox_bytes`), so only the relay can tell that nobody reads them.
+            for i in range(200):
+                await ws.send(json.dumps({"type": "ping", "id": f"{i:05d}" + "x" * 10000}))
+            await asyncio.sleep(SEND_TIMEOUT_S + 4)
+            pongs = 0
+
+            async def read() -> None:
+                nonlocal pongs
+                async for _ in ws:
+                    pongs += 1
+
+            with contextlib.suppress(websockets.ConnectionClosed, asyncio.TimeoutError):
+                await asyncio.wait_for(read(), 30)
+            return pongs, ws.close_code
+
+    pongs, code = asyncio.run(run())
+    assert pongs < 200 and code == 1006, (pongs, code)
 
 
 def test_twilio_stream_and_subscribers_on_different_workers(served, prompts, jfk_path):

@@ -363,7 +363,8 @@ async def events_endpoint(ws: WebSocket) -> None:
             if upstream is not None:
                 outbox.abandon()
                 await outbox.flushed(FINISH_TIMEOUT_S)
-                await pipe(ws, upstream, drop_first="subscribed", send_timeout_s=state.settings.server.send_timeout_s)
+                await pipe(ws, upstream, drop_first="subscribed",
+                           send_timeout_s=state.settings.server.send_timeout_s)
                 return
             outbox.send({"type": "error", "code": "internal",
                          "message": f"gateway worker {owner}, which holds the call, does not answer"})
@@ -395,7 +396,9 @@ async def _follow(ws: WebSocket, state: ServerState, key: str, outbox: Outbox) -
         while True:  # a subscriber only listens: its messages only keep it from idling out
             current = calls.feeds.get(key)
             here = current is not None and bool(current.history)
-            wait = give_up - loop.time() if here or not follow_peers else min(OWNER_POLL_S, give_up - loop.time())
+            wait = give_up - loop.time()
+            if not here and follow_peers:
+                wait = min(wait, OWNER_POLL_S)
             done, _ = await asyncio.wait([receiving], timeout=max(0.0, wait))
             if done:
                 try:

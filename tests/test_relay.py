@@ -1,10 +1,11 @@
 """Sessions and calls across gateway workers (`server/relay.py`), with real processes: `streamer
 serve` with WORKERS=2 and one engine core on the CPU, real recordings.
 
-Where a connection lands is forced, not left to the kernel: each worker also serves on its own
-Unix socket in the supervisor's run directory (found under the server's TMPDIR), so a test can
-open a session on the public port and resume it on the other worker's socket, or put Twilio's
-socket on one worker and the subscriber on the other. The relay then runs on every such test.
+Where a connection lands is forced, not left to the kernel: on the public port by opening
+connections until one lands on the wanted worker (the refusal of a token of a worker that does
+not exist names the worker that got the connection), or by connecting to a worker's own Unix
+socket in the supervisor's run directory (found under the server's TMPDIR). So the relay runs on
+every test that needs it, not on half of them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -101,22 +103,37 @@ def _worker_of(token: str) -> int:
 
 
 def test_resume_on_the_other_worker_gets_the_same_finals(served, prompts, monkeypatch):
-    """A session opened on the public port is cut mid-utterance and between utterances; each
-    reconnect goes to the other worker, which relays it to the owner: the finals are those of an
-    uninterrupted run beside it, event ids 1..n, none twice."""
-    base, sockets, _ = served
+    """A session on the public port is cut mid-utterance and between utterances; each reconnect,
+    on the public port too, lands on the other worker (connections are opened until the kernel
+    gives one to it), which relays it to the owner: the finals are those of an uninterrupted run
+    beside it, event ids 1..n, none twice."""
+    base, _, _ = served
     audio, _ = prompts
     data = s16(audio)
     cuts = [int(1.5 * RATE) * 2, int(4.0 * RATE) * 2]
-    landed: list[str] = []
+    landed: list[int] = []
     real_connect = streamer.client.connect
+    probe = json.dumps({"type": "start", "resume": {"token": "9.probe", "bytes_sent": 0, "last_event_id": 0}})
 
-    def connect(uri, **kwargs):  # the first connection: the kernel's choice; reconnects: the other worker
+    async def connect(uri, **kwargs):
+        """The first connection: where the kernel puts it; a reconnect: one that the kernel gave
+        to a worker other than the owner. A token of a worker that does not exist is refused by
+        the worker that got the connection, and the refusal names it; the connection then takes
+        another `start`."""
+        ws = await real_connect(uri, **kwargs)
         if cut_client.ready is None or cut_client.url != uri:
-            return real_connect(uri, **kwargs)
-        other = sockets[1 - _worker_of(cut_client.ready["resume_token"])]
-        landed.append(other)
-        return unix_connect(other, uri, **kwargs)
+            return ws
+        owner = _worker_of(cut_client.ready["resume_token"])
+        for _ in range(50):  # all on the owner: p = 2 ** -50
+            await ws.send(probe)
+            refusal = json.loads(await ws.recv())
+            worker = int(re.fullmatch(r"the session is held by gateway worker 9, not (\d+)", refusal["message"])[1])
+            if worker != owner:
+                landed.append(worker)
+                return ws
+            await ws.close()
+            ws = await real_connect(uri, **kwargs)
+        raise AssertionError("every connection landed on the owner")
 
     monkeypatch.setattr(streamer.client, "connect", connect)
     cut_client = StreamClient(base, partials=False)
@@ -140,8 +157,8 @@ def test_resume_on_the_other_worker_gets_the_same_finals(served, prompts, monkey
         return await asyncio.gather(run(plain_client, []), run(cut_client, cuts))
 
     plain, cut = asyncio.run(both())
-    assert cut_client.resumes == 2 and len(landed) == 2
-    assert all(p != sockets[_worker_of(cut_client.ready["resume_token"])] for p in landed)
+    assert cut_client.resumes == 2
+    assert landed == [1 - _worker_of(cut_client.ready["resume_token"])] * 2
     assert [e["text"] for e in cut if e["type"] == "final"] == [e["text"] for e in plain if e["type"] == "final"]
     assert len([e for e in plain if e["type"] == "final"]) == 2
     ids = [e["event_id"] for e in cut if "event_id" in e]

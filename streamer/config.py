@@ -158,6 +158,10 @@ class ServerConfig:
     """A `/v1/stream` session whose connection drops is kept this long for the client to resume."""
     worker_id: int = 0
     """This gateway process among several on one port; resume tokens name it (`docs/protocol.md`)."""
+    peer_dir: str | None = None
+    """The supervisor's run directory, where each gateway worker also serves on a private Unix
+    socket: a resume or a Twilio subscriber that lands on another worker is relayed to the one
+    holding the session (`server/relay.py`). Set by `streamer serve`; None: a gateway alone."""
 
 
 @dataclass(frozen=True)

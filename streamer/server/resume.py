@@ -1,12 +1,14 @@
 """Session resume for `/v1/stream`: a stream whose connection drops is kept for `resume_s`, so
 that the client can reconnect with its token and go on where it was (docs/protocol.md, 1.4).
 
-A token is `"<worker id>.<random>"`. The sessions live in the memory of the gateway process that
-served them; with several gateway workers on one port, a reconnect may land on another worker,
-which answers `resume_failed` with `worker` naming the owner (`ServerConfig.worker_id`, env
-`STREAMER_WORKER_ID`): routing a resume to its worker (by the token's prefix) is the load
-balancer's job. A token is bound to the API key that opened the session (compared by SHA-256
-digest) and dies `resume_s` after the connection dropped, or when the stream ends.
+A token is `"<worker id>.<random>"` (`ServerConfig.worker_id`). The sessions live in the memory
+of the gateway process that served them; with several gateway workers on one port a reconnect
+may land on another worker, whose store raises `ResumeError` with `worker` naming the owner:
+under `streamer serve` that worker relays the connection to the owner (`server/relay.py`), and
+the owner's store decides; a gateway alone (or an owner that is gone) answers `resume_failed`
+with `worker`. A token is bound to the API key that opened the session (compared by SHA-256
+digest; a relay presents the client's key) and dies `resume_s` after the connection dropped, or
+when the stream ends.
 """
 
 from __future__ import annotations

@@ -8,13 +8,16 @@ are shared with the WebRTC data channel.
 
 A session (`_Live`: its bridges, the events it sent, the audio bytes it took) outlives its
 connection: when the connection drops, it is parked in `ServerState.resume` for `resume_s`, and a
-`start` with `resume` on a new connection takes it over (docs/protocol.md, 1.4).
+`start` with `resume` on a new connection takes it over (docs/protocol.md, 1.4). A resume that
+lands on another gateway worker than the one holding the session is relayed to that one
+(`server/relay.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import secrets
 from collections import deque
@@ -27,8 +30,9 @@ from streamer.config import StreamingConfig, VADConfig
 from streamer.server.auth import presented_key
 from streamer.server.bridge import Bridge, Committed, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
+from streamer.server.relay import Peers, pipe, relayed
 from streamer.server.resume import ResumeError
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, SHUTDOWN_FLUSH_S, SocketStream
 from streamer.server import validation as v
 from streamer.server.state import ServerState
 from streamer.server.validation import ValidationError, show
@@ -292,6 +296,13 @@ class _Live:
         return [m for m in self.log if m["event_id"] > after]
 
 
+class _RelayTo(Exception):
+    """A resume of a session that another gateway worker holds: relay the connection there."""
+
+    def __init__(self, worker: int, start: dict, refusal: dict):
+        self.worker, self.start, self.refusal = worker, start, refusal
+
+
 class NativeStream(SocketStream):
     """One `/v1/stream` connection."""
 
@@ -304,6 +315,8 @@ class NativeStream(SocketStream):
         """A fatal error was queued for the client (the receiver was stopped for it)."""
         self._taken_over = False
         """A resume on another connection took the session from this one."""
+        self._relay: tuple | None = None
+        """(connection to the owner, the `start` to send it) once this connection is relayed."""
 
     # --- the connection -----------------------------------------------------------------------------
 
@@ -319,6 +332,14 @@ class NativeStream(SocketStream):
             reason = "shutdown" if self._grace is not None and not self._failed and not self.stuck else "error"
         else:
             reason = self._receiver.result()
+        if reason == "relay":
+            # Nothing more goes through the outbox: the owner speaks to the client from now on.
+            self._outbox.abandon()
+            await self._outbox.flushed(SHUTDOWN_FLUSH_S)
+            upstream, start = self._relay
+            await pipe(self.ws, upstream, first=json.dumps(start),
+                       send_timeout_s=self.state.settings.server.send_timeout_s)
+            return
         if reason == "disconnect" and live is not None and live.token is not None and not live.failed:
             live.owner = None  # kept for a resume
             self.state.resume.park(live.token, live.expire)
@@ -403,6 +424,13 @@ class NativeStream(SocketStream):
                     self._fatal(e.code, e.message, 1013, e.retry_after_s)
                     return "error"
                 self._send(e.event())
+            except _RelayTo as e:
+                upstream = await Peers.of(self.state.settings.server).connect(
+                    e.worker, "/v1/stream", presented_key(self.ws.scope))
+                if upstream is not None:
+                    self._relay = (upstream, e.start)
+                    return "relay"
+                self._send(e.refusal)
             except Exception as e:  # a bug: the message is refused, the stream goes on
                 log.exception("session %s: internal error on a client message", self.session_id)
                 self._send({"type": "error", "code": "internal", "message": f"internal error: {type(e).__name__}"})
@@ -460,6 +488,9 @@ class NativeStream(SocketStream):
             error = ProtocolError("resume_failed", e.message, "resume.token").event()
             if e.worker is not None:
                 error["worker"] = e.worker
+                peers = Peers.of(self.state.settings.server)
+                if peers is not None and peers.reachable(e.worker) and not relayed(self.ws):
+                    raise _RelayTo(e.worker, {"type": "start", "resume": resume}, error)
             self._send(error)
             return
         sent, last = resume.get("bytes_sent"), resume.get("last_event_id", 0)

@@ -2,9 +2,12 @@
 
     supervisor (this process: no model, no sockets of its own but the port reservation)
       ├─ engine core 0..D-1   `engine.core.run_core`    (ZeroMQ over ipc:// in a private run dir)
-      └─ gateway 0..W-1       `run_gateway`             (uvicorn on the shared port, SO_REUSEPORT)
+      └─ gateway 0..W-1       `run_gateway`             (uvicorn on the shared port, SO_REUSEPORT,
+                                                          and on `<run dir>/gw<i>.sock` for relays)
 
-Each gateway holds an `EngineClient` of every core. The supervisor restarts a child that dies
+Each gateway holds an `EngineClient` of every core. A connection that needs what another gateway
+holds (a resumed `/v1/stream` session, a Twilio call's subscriber) is relayed to it over that
+gateway's Unix socket (`server/relay.py`). The supervisor restarts a child that dies
 (a core's gateways fail its in-flight windows at once and reconnect to the new one). On SIGTERM
 or SIGINT it drains in order: the gateways first (they stop accepting, deliver the finals of open
 utterances, then close), then the cores (they finish what is left and exit).
@@ -68,21 +71,27 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]], port: int) -> None:
-    """Gateway worker process: the app on the shared port, engines reached through `EngineClient`."""
+def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]], port: int, rundir: str) -> None:
+    """Gateway worker process: the app on the shared port and on its own Unix socket in the run
+    directory (where the other workers relay the connections whose session this one holds),
+    engines reached through `EngineClient`."""
     os.setsid()
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s %(levelname)s gateway{index}: %(message)s")
-    # Resume tokens name their worker (the load balancer or a later hop routes a resume back to it).
-    settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, worker_id=index))
+    # Resume tokens and Twilio calls name their worker; the others relay to it (server/relay.py).
+    settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, worker_id=index,
+                                                                        peer_dir=rundir))
     from streamer.engine.client import EngineClient
     from streamer.server.app import build_server, create_app
+    from streamer.server.relay import Peers
 
     client = EngineClient(addresses, settings.engine, gateway=f"gw{index}-{os.getpid()}")
     app = create_app(settings, connect=client.start)
     sock = reuse_port_socket(settings.server.host, port)
     sock.listen(2048)
-    build_server(app, settings.server.host, port).run(sockets=[sock])
+    peers = Peers.of(settings.server)
+    peers.release_all()
+    build_server(app, settings.server.host, port).run(sockets=[sock, peers.listen()])
 
 
 def _core_main(spec: CoreSpec) -> None:
@@ -121,7 +130,7 @@ class Supervisor:
 
     def _start_gateway(self, i: int) -> None:
         addresses = [(s.input_address, s.output_address) for s in self.specs]
-        proc = self.ctx.Process(target=run_gateway, args=(self.settings, i, addresses, self.port),
+        proc = self.ctx.Process(target=run_gateway, args=(self.settings, i, addresses, self.port, self.rundir),
                                 name=f"streamer-gateway{i}")
         proc.start()
         self.gateways[i] = proc

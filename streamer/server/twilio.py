@@ -10,6 +10,12 @@ it first gets every event of the call so far.
 
 `TwilioProtocol` turns Twilio's JSON into actions with no I/O; `TwilioStream` is the transport,
 `TwilioHub` (in `ServerState.twilio`) joins streams and subscribers.
+
+With several gateway workers the kernel may give the subscriber to another worker than Twilio's
+socket. The worker holding a call writes its `streamSid` and `callSid` down in the run directory
+(`Peers.claim`); a subscriber that lands elsewhere is relayed to that worker (`server/relay.py`),
+at once when the call has started, else as soon as it does (a waiting subscriber looks every
+`OWNER_POLL_S`).
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from streamer.server.auth import authorized
+from streamer.server.auth import authorized, presented_key
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
+from streamer.server.relay import Peers, pipe, relayed
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream
 from streamer.server.state import ServerState
 from streamer.server.stream import event_dict
@@ -42,6 +50,11 @@ RATE = 8000
 """Twilio streams μ-law at 8 kHz, one channel per track."""
 FEED_KEEP_S = 60.0
 """A finished call's events stay this long for subscribers that connect late."""
+OWNER_POLL_S = 0.25
+"""How often a subscriber waiting for its call looks whether another gateway worker has it: the
+first events reach it this much later at most (it gets the call's history on joining)."""
+OWNER_KIND = "twilio"
+"""The kind of name `Peers` keeps for a call."""
 
 
 class TwilioError(Exception):
@@ -173,10 +186,12 @@ class Feed:
 
 
 class TwilioHub:
-    """Feeds by `streamSid` and `callSid` (a subscriber may know either)."""
+    """Feeds by `streamSid` and `callSid` (a subscriber may know either); with `peers`, the
+    calls of this worker are named where the other workers look (`Peers.owner`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, peers: Peers | None = None) -> None:
         self.feeds: dict[str, Feed] = {}
+        self.peers = peers
 
     def feed(self, key: str) -> Feed:
         return self.feeds.setdefault(key, Feed())
@@ -189,16 +204,29 @@ class TwilioHub:
             if waiting is not None and not waiting.done:
                 feed.subscribers |= waiting.subscribers
             self.feeds[key] = feed
+            if self.peers is not None:
+                self.peers.claim(OWNER_KIND, key)
         return feed
 
     def forget(self, keys: list[str], feed: Feed) -> None:
         for key in keys:
             if self.feeds.get(key) is feed:
                 del self.feeds[key]
+                if self.peers is not None:
+                    self.peers.release(OWNER_KIND, key)
+
+    def owner(self, key: str) -> int | None:
+        """The other worker that holds the call `key`, if one does."""
+        if self.peers is None:
+            return None
+        owner = self.peers.owner(OWNER_KIND, key)
+        return owner if owner is not None and self.peers.reachable(owner) else None
 
 
 def hub(state: ServerState) -> TwilioHub:
-    return state.twilio.setdefault("hub", TwilioHub())
+    if "hub" not in state.twilio:
+        state.twilio["hub"] = TwilioHub(Peers.of(state.settings.server))
+    return state.twilio["hub"]
 
 
 class TwilioStream(SocketStream):
@@ -317,7 +345,8 @@ async def events_endpoint(ws: WebSocket) -> None:
     state: ServerState = ws.app.state.streamer
     await ws.accept()
     outbox = Outbox(ws)
-    key = ws.query_params.get("streamSid") or ws.query_params.get("callSid")
+    name = "streamSid" if ws.query_params.get("streamSid") else "callSid"
+    key = ws.query_params.get(name)
     if not authorized(ws.scope, state.settings.server.api_key):
         outbox.send({"type": "error", "code": "unauthorized", "message": "missing or wrong API key"})
         outbox.close(1008)
@@ -326,37 +355,78 @@ async def events_endpoint(ws: WebSocket) -> None:
                      "field": "streamSid"})
         outbox.close(1008)
     else:
-        feed = hub(state).feed(key)
         outbox.send({"type": "subscribed", "key": key})
-        for message in feed.history:
-            outbox.send(message)
-        if feed.done:
-            outbox.close(1000)
-        else:
-            feed.subscribers.add(outbox)
-            try:
-                while True:  # until the client goes or the call ends (the feed closes the outbox)
-                    try:
-                        message = await asyncio.wait_for(ws.receive(), state.settings.server.idle_timeout_s)
-                    except asyncio.TimeoutError:
-                        current = hub(state).feeds.get(key)
-                        if current is not None and current.history:
-                            continue  # the call is on: a subscriber only listens
-                        outbox.send({"type": "closed", "reason": "idle_timeout"})  # no such call came
-                        outbox.close(1000)
-                        break
-                    if message["type"] == "websocket.disconnect":
-                        break
-            except RuntimeError:  # the feed closed the socket
-                pass
-            finally:
-                current = hub(state).feeds.get(key)
-                for f in (feed, current):
-                    if f is not None:
-                        f.subscribers.discard(outbox)
-                if not feed.history and not feed.done and hub(state).feeds.get(key) is feed and not feed.subscribers:
-                    del hub(state).feeds[key]
+        owner = await _follow(ws, state, key, outbox)
+        if owner is not None:
+            upstream = await hub(state).peers.connect(owner, f"/v1/twilio/events?{name}={quote(key)}",
+                                                      presented_key(ws.scope))
+            if upstream is not None:
+                outbox.abandon()
+                await outbox.flushed(FINISH_TIMEOUT_S)
+                await pipe(ws, upstream, drop_first="subscribed",
+                           send_timeout_s=state.settings.server.send_timeout_s)
+                return
+            outbox.send({"type": "error", "code": "internal",
+                         "message": f"gateway worker {owner}, which holds the call, does not answer"})
+            outbox.send({"type": "closed", "reason": "error"})
+            outbox.close(1011)
     await outbox.wait(FINISH_TIMEOUT_S)
+
+
+async def _follow(ws: WebSocket, state: ServerState, key: str, outbox: Outbox) -> int | None:
+    """Serve a subscriber from this worker's feed of `key` until the client goes or the call
+    ends (the feed closes the outbox); or return the worker to relay it to, when another holds
+    the call (a relayed subscriber is served here, whatever the names say)."""
+    calls = hub(state)
+    follow_peers = calls.peers is not None and not relayed(ws)
+    if follow_peers and (owner := calls.owner(key)) is not None:
+        return owner
+    feed = calls.feed(key)
+    for message in feed.history:
+        outbox.send(message)
+    if feed.done:
+        outbox.close(1000)
+        return None
+    feed.subscribers.add(outbox)
+    loop = asyncio.get_running_loop()
+    idle_s = state.settings.server.idle_timeout_s
+    give_up = loop.time() + idle_s
+    receiving = asyncio.ensure_future(ws.receive())
+    try:
+        while True:  # a subscriber only listens: its messages only keep it from idling out
+            current = calls.feeds.get(key)
+            here = current is not None and bool(current.history)
+            wait = give_up - loop.time()
+            if not here and follow_peers:
+                wait = min(wait, OWNER_POLL_S)
+            done, _ = await asyncio.wait([receiving], timeout=max(0.0, wait))
+            if done:
+                try:
+                    message = receiving.result()
+                except RuntimeError:  # the feed closed the socket
+                    return None
+                if message["type"] == "websocket.disconnect":
+                    return None
+                receiving = asyncio.ensure_future(ws.receive())
+                give_up = loop.time() + idle_s
+                continue
+            if not here and follow_peers and (owner := calls.owner(key)) is not None:
+                return owner
+            if loop.time() >= give_up:
+                if here:  # the call is on
+                    give_up = loop.time() + idle_s
+                    continue
+                outbox.send({"type": "closed", "reason": "idle_timeout"})  # no such call came
+                outbox.close(1000)
+                return None
+    finally:
+        receiving.cancel()
+        current = calls.feeds.get(key)
+        for f in (feed, current):
+            if f is not None:
+                f.subscribers.discard(outbox)
+        if not feed.history and not feed.done and calls.feeds.get(key) is feed and not feed.subscribers:
+            del calls.feeds[key]
 
 
 routes = [

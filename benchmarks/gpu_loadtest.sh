@@ -14,6 +14,9 @@
 #   (bench_live_engine.py) on the turbo shape: the policy's cadence at 200/400 sessions, without it at
 #   200, and with OVERLAP_ENCODER at 200.
 # PLAN=served: the served load with the live policy: turbo shape at 200/400, tiny.en at 400/600/800.
+# PLAN=overlap: the encoder on its own stream (OVERLAP_ENCODER=1, decode steps not waiting for it):
+#   its CUDA test, the engine-only probe on the turbo shape at 200/400, then served turbo 200/400 and
+#   tiny.en 400/600.
 # PLAN=ab: py-spy of the engine core at 400 tiny.en streams, then ENCODE_WHILE_FINALS=1 at 400 and 600
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
 # Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
@@ -58,6 +61,15 @@ elif [ "${PLAN:-full}" = engine ]; then
   live turbo_cadence 130 --sessions 200,400
   live turbo_nocadence 80 --sessions 200 --no-cadence
   live turbo_overlap 80 --sessions 200 --overlap-encoder
+elif [ "${PLAN:-full}" = overlap ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token \
+    tests/test_scheduler.py tests/test_live.py 2>&1 | tail -3 | tee -a "$LOG"
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 110 python3 bench_live_engine.py --device cuda --seconds 20 \
+    --model "$TURBO" --overlap-encoder --sessions 200,400 --out bench_live_engine_turbo_async_h200.json) 2>&1 \
+    | grep -v "INFO\|WARNING" > "$OUT/live_turbo_async.log"
+  echo "== live turbo_async rc=${PIPESTATUS[0]}"; tail -4 "$OUT/live_turbo_async.log"
+  OVERLAP_ENCODER=1 run turbo_async 120 --model "$TURBO" --clients 200,400
+  OVERLAP_ENCODER=1 run tiny_async 110 --model tiny.en --clients 400,600
 elif [ "${PLAN:-full}" = served ]; then
   timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_scheduler.py tests/test_live.py \
     2>&1 | tail -3 | tee -a "$LOG"

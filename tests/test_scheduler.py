@@ -630,3 +630,33 @@ def test_a_fast_sender_cannot_delay_another_sessions_final():
         step(s, now=now, finished=ids(plan.encode))
     assert order[0] == "b0"
     assert order[1:] == [f"a{k}" for k in range(10)]
+
+
+def test_a_batch_in_its_encoder_pass_across_steps_holds_back_new_admissions():
+    """The runner may keep a batch in its encoder pass (on a side stream) while decode steps go on:
+    no new window is admitted meanwhile, the batch is listed in every plan until it is reported
+    encoded, and a cancel reaches it through `released`."""
+    s = scheduler(max_slots=8, max_encoder_batch=4)
+    s.add(make("d", FILE))
+    step(s)  # `d` decodes from now on
+    s.add(make("a1", PARTIAL, session="A"))
+    s.add(make("a2", PARTIAL, session="B"))
+    plan = s.schedule(0.0)
+    assert [r.id for r in plan.encode] == ["a1", "a2"] and plan.decode == ["d"]
+    s.update(StepOutput(encoding=["a1", "a2"]))
+    s.add(make("f", FINAL))
+    plan = s.schedule(0.0)
+    assert plan.encode == [] and plan.encoding == ["a1", "a2"] and plan.decode == ["d"]
+    with pytest.raises(SchedulerError, match="f was not being encoded"):
+        s.update(StepOutput(encoding=["f"]))
+    s.update(StepOutput(encoding=["a1", "a2"]))
+    s.cancel("a1")
+    plan = s.schedule(0.0)
+    assert plan.released == ["a1"] and plan.encoding == ["a2"] and plan.encode == []
+    s.update(StepOutput(encoded=["a2"]))
+    plan = s.schedule(0.0)  # the pass is done: the final goes in, and a2 decodes
+    assert [r.id for r in plan.encode] == ["f"] and sorted(plan.decode) == ["a2", "d"] and plan.encoding == []
+    with pytest.raises(SchedulerError, match="were to be encoded but were not reported"):
+        s.update(StepOutput())
+    s.update(StepOutput(encoded=["f"], finished=["a2"]))
+    assert s.free_slots == 8 - 2

@@ -268,7 +268,8 @@ def test_health(engine):
         status, body, _ = http(url + "/health")
         assert status == 503 and json.loads(body)["status"] == "shutting_down"
         events = asyncio.run(refused(url.replace("http://", "ws://") + "/v1/stream"))
-        assert [e.get("code") for e in events] == ["overloaded", None, 1013]
+        assert [e.get("code") for e in events] == ["shutting_down", None, 1013]  # go to another server
+        assert events[0]["retry_after_s"] == 0.0
 
 
 def _free_port() -> int:

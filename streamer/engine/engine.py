@@ -350,8 +350,9 @@ class Engine:
                 res = self.runner.step(plan.encode, plan.released)
             except Exception as e:  # a broken step must not kill the thread: fail what it held
                 log.exception("engine step failed")
-                failed = {r.id: repr(e) for r in plan.encode} | {i: repr(e) for i in plan.decode}
+                failed = {r.id: repr(e) for r in plan.encode} | {i: repr(e) for i in plan.decode + plan.encoding}
                 self.runner.slots.clear()
+                self.runner.drop_encoding()
                 with self._cond:
                     self.scheduler.update(StepOutput(failed=failed))
                     tickets = [self._tickets.pop(i, None) for i in failed]
@@ -360,7 +361,7 @@ class Engine:
                 continue
             finished = [s.id for s in res.finished]
             with self._cond:
-                self.scheduler.update(StepOutput(encoded=res.encoded, finished=finished))
+                self.scheduler.update(StepOutput(encoded=res.encoded, finished=finished, encoding=res.encoding))
             self._account(res, plan, time.perf_counter() - t0)
             self._deliver_tokens(res.tokens)
             for seq in res.finished:

@@ -85,8 +85,18 @@ class Sequence:
 
 
 @dataclass
+class _Encoding:
+    """A batch in its encoder pass on the side stream."""
+
+    requests: list
+    features: torch.Tensor
+    done: torch.cuda.Event
+
+
+@dataclass
 class StepResult:
     encoded: list[str] = field(default_factory=list)
+    encoding: list[str] = field(default_factory=list)  # still in their encoder pass (side stream)
     tokens: list[tuple[str, int]] = field(default_factory=list)  # (request id, sampled token)
     finished: list[Sequence] = field(default_factory=list)
     encode_s: float = 0.0
@@ -113,9 +123,11 @@ class Runner:
         self.positions = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
-        # A second stream for the encoder, so that a step's encoder pass (compute-bound) runs beside
-        # its decoder step (memory-bound) instead of after it.
+        # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
+        # decode steps (memory-bound) of the sequences already live, which go on at their own pace
+        # instead of waiting for it; the batch joins them in the first step after its pass is done.
         self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
+        self.encoding: list[_Encoding] = []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.noise = None
         self.pool = None
@@ -129,7 +141,8 @@ class Runner:
     # --- one engine step ------------------------------------------------------------------------
 
     def step(self, encode: list, released: list[str] = ()) -> StepResult:
-        """Drop `released` sequences, decode one token for every live one, then admit `encode`."""
+        """Drop `released` sequences, decode one token for every live one, then admit `encode`
+        (with a side stream: start its encoder pass, and admit the batches whose pass is done)."""
         with torch.inference_mode(), attention_for("prefill"):  # graphs captured in `_capture` bring their own
             return self._step(encode, released)
 
@@ -138,12 +151,17 @@ class Runner:
         if released:
             gone = set(released)
             self._remove_rows([i for i, s in enumerate(self.slots) if s.id in gone])
-        features = None
-        if encode and self.slots and self.side is not None:
+            for batch in self.encoding:
+                batch.requests = [r if r.id not in gone else None for r in batch.requests]
+        if encode and self.side is not None:
             t0 = time.perf_counter()
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
-                features = self._encode(encode)  # queued; runs while the decoder step below does
+                features = self._encode(encode)  # queued: runs beside the decode steps
+                done = torch.cuda.Event()
+                done.record(self.side)
+            self.encoding.append(_Encoding(list(encode), features, done))
+            encode = []
             out.encode_s = time.perf_counter() - t0
         if self.slots:
             t0 = time.perf_counter()
@@ -152,15 +170,32 @@ class Runner:
             tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
             self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
             out.decode_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         if encode:
-            t0 = time.perf_counter()
-            if features is not None:
-                main = torch.cuda.current_stream()
-                main.wait_stream(self.side)
-                features.record_stream(main)  # made on the side stream, used and freed on this one
-            self._admit(encode, out, features)
-            out.encode_s += time.perf_counter() - t0
+            self._admit(encode, out)
+        self._admit_encoded(out, wait=not self.slots)
+        out.encode_s += time.perf_counter() - t0
         return out
+
+    def _admit_encoded(self, out: StepResult, wait: bool) -> None:
+        """Admit the side-stream batches whose encoder pass is done, oldest first; with `wait`
+        (nothing live to decode meanwhile) wait for them."""
+        main = torch.cuda.current_stream() if self.encoding else None
+        while self.encoding and (wait or self.encoding[0].done.query()):
+            batch = self.encoding.pop(0)
+            main.wait_event(batch.done)
+            batch.features.record_stream(main)  # made on the side stream, used and freed on this one
+            keep = [i for i, r in enumerate(batch.requests) if r is not None]  # not cancelled meanwhile
+            if keep:
+                features = batch.features if len(keep) == len(batch.requests) else batch.features[keep]
+                self._admit([batch.requests[i] for i in keep], out, features)
+        out.encoding.extend(r.id for b in self.encoding for r in b.requests if r is not None)
+
+    def drop_encoding(self) -> list[str]:
+        """Forget every batch in its encoder pass (after a failed step); their ids."""
+        ids = [r.id for b in self.encoding for r in b.requests if r is not None]
+        self.encoding.clear()
+        return ids
 
     def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], top, out: StepResult) -> None:
         finished = []

@@ -22,6 +22,9 @@ Rules:
   15 full encoder batches of partials and file chunks (measured: 2.6 s median final latency at 200
   large-v3-turbo sessions, where each decodes in well under 0.5 s alone). vLLM v1 budgets a
   step's tokens for the same reason.
+- One encoder batch at a time: the runner may keep a batch in its encoder pass across steps (the
+  encoder on its own CUDA stream, decode steps going on beside it); while one is, nothing new is
+  admitted, so a final that arrives waits for at most that batch, never for a queue of them.
 - Within a class, the earliest deadline goes first: live windows carry the wall time at which
   their audio ended at real-time pace, so a client that sends faster than real time queues
   behind the windows of the others instead of pushing their finals back.
@@ -100,6 +103,9 @@ class StepPlan:
     """Admitted this step, in rank order: encoder pass and prefill; their slots are reserved."""
     decode: list[str] = field(default_factory=list)
     """Ids of the sequences admitted in earlier steps that decode one token now."""
+    encoding: list[str] = field(default_factory=list)
+    """Ids admitted in earlier steps whose encoder pass is still running: the runner admits those
+    that are done (reporting them `encoded`) and reports the rest as `encoding` again."""
     preempted: list[Request] = field(default_factory=list)
     """Running partials evicted for a final; they are CANCELLED and their ids are in `released`."""
     released: list[str] = field(default_factory=list)
@@ -108,7 +114,7 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         """Nothing for the runner to do; such a plan needs no update()."""
-        return not (self.encode or self.decode or self.released)
+        return not (self.encode or self.decode or self.released or self.encoding)
 
 
 @dataclass
@@ -121,6 +127,8 @@ class StepOutput:
     """Ids that produced end-of-text or reached their token limit; the runner freed their slots."""
     failed: dict[str, str] = field(default_factory=dict)
     """Id -> error, for sequences the runner gave up on; the runner freed their slots."""
+    encoding: list[str] = field(default_factory=list)
+    """Ids of `plan.encode` or `plan.encoding` still in their encoder pass (they stay ENCODING)."""
 
 
 class Scheduler:
@@ -227,8 +235,9 @@ class Scheduler:
         self._used_slots -= sum(r.n_slots for r in self._releasing.values())
         self._releasing.clear()
         finals_decoding = any(r.priority is Priority.FINAL for r in self._live.values())
+        plan.encoding = [i for i, r in self._live.items() if r.state is RequestState.ENCODING]
         others = 0
-        while len(plan.encode) < self.config.max_encoder_batch:
+        while not plan.encoding and len(plan.encode) < self.config.max_encoder_batch:
             heap = self._first(now)
             if heap is None:
                 break
@@ -250,8 +259,8 @@ class Scheduler:
             plan.encode.append(request)
         plan.decode = [i for i, r in self._live.items() if r.state is RequestState.DECODING]
         if not plan.empty:
-            self._in_flight = {r.id: r for r in plan.encode} | {i: self._live[i] for i in plan.decode}
-            self._in_flight_encode = {r.id for r in plan.encode}
+            self._in_flight = {r.id: r for r in plan.encode} | {i: self._live[i] for i in plan.decode + plan.encoding}
+            self._in_flight_encode = {r.id for r in plan.encode} | set(plan.encoding)
         return plan
 
     def update(self, output: StepOutput) -> None:
@@ -346,7 +355,10 @@ class Scheduler:
         both = set(output.finished) & set(output.failed)
         if both:
             raise SchedulerError(f"update(): {sorted(both)} both finished and failed")
-        reported = set(output.encoded) | set(output.finished) | set(output.failed)
+        for request_id in output.encoding:
+            if request_id not in self._in_flight_encode:
+                raise SchedulerError(f"update(): {request_id} was not being encoded in this step")
+        reported = set(output.encoded) | set(output.finished) | set(output.failed) | set(output.encoding)
         missing = [
             i for i in self._in_flight_encode
             if i not in reported and self._in_flight[i].state is RequestState.ENCODING

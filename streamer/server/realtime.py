@@ -161,6 +161,9 @@ class RealtimeStream(SocketStream):
     # --- the connection -----------------------------------------------------------------------------
 
     async def _serve(self) -> None:
+        if (refusal := self.state.engine_refusal()) is not None:  # (`/v1/stream` asks at its start message)
+            self._refuse(refusal.code, refusal.reason, 1013, refusal.retry_after_s)
+            return
         self._event("transcription_session.created" if self.beta else "session.created", session=self._session_wire())
         self._receiver = asyncio.ensure_future(self._receive_loop())
         await asyncio.wait([self._receiver])

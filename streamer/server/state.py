@@ -81,7 +81,8 @@ class ServerState:
 
     def admit(self, stream: LiveStream) -> Refused | None:
         """Register a new stream; or why not: shutting down, at `max_sessions`, the event loop
-        running late, or the engine's queue at its share for new streams (`engine/admission.py`)."""
+        running late (the engine's own refusal comes from `engine_refusal`, which each transport
+        asks where its protocol starts a stream: `/v1/stream` at `start`, the others on connect)."""
         refusal = self.refusal()
         if refusal is not None:
             return refusal
@@ -94,7 +95,7 @@ class ServerState:
             self.metrics.sessions.labels(stream.transport).dec()
 
     def refusal(self) -> Refused | None:
-        """Why a new live stream would be refused now, or None."""
+        """Why the gateway would refuse a new live stream now, or None."""
         server = self.settings.server
         if self.shutting_down:
             return refuse("the server is shutting down; retry on another", 0.0, "shutting_down")
@@ -103,10 +104,12 @@ class ServerState:
         if server.max_loop_lag_s and self.loop_lag.lag >= server.max_loop_lag_s:
             return refuse(f"the server is overloaded (its event loop runs {self.loop_lag.lag:.2f} s late); "
                           "retry later", 2.0)
-        engine = self.engine
-        if engine is not None:
-            return admit(Kind.STREAM, engine.queue_depth, engine.quotas)
         return None
+
+    def engine_refusal(self) -> Refused | None:
+        """Why the engine would not take a new live stream now (`engine/admission.py`), or None."""
+        engine = self.engine
+        return None if engine is None else admit(Kind.STREAM, engine.queue_depth, engine.quotas)
 
     async def drain(self) -> None:
         """Shutdown, part one: refuse new streams, finalise and close every open one.

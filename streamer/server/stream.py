@@ -460,7 +460,7 @@ class NativeStream(SocketStream):
             return
         multilingual, languages = model_info(self.state)
         start = parse_start(msg, self.state.settings.streaming, multilingual, languages)
-        if (refusal := self.state.refusal()) is not None and refusal.code == "overloaded":
+        if (refusal := self.state.engine_refusal()) is not None:
             raise ProtocolError("overloaded", refusal.reason, retry_after_s=refusal.retry_after_s)
         language = start.streaming.language if multilingual else "en"
         live = _Live(start, self.state, self.session_id, language)

@@ -268,6 +268,9 @@ async def offer_endpoint(request: Request) -> JSONResponse:
         start = parse_start(start_fields, state.settings.streaming, multilingual, languages, audio_fields=False)
     except ProtocolError as e:
         return _error(400, e.code, e.message, e.field, state=state)
+    if (refusal := state.engine_refusal()) is not None:
+        return _error(503, refusal.code, refusal.reason, headers={"Retry-After": str(max(1, round(refusal.retry_after_s)))},
+                      state=state)
     address = request.client.host if request.client else None
     refusal = state.clients.acquire(address, state.settings.server.max_connections_per_client)
     if refusal is not None:

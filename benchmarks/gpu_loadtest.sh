@@ -70,6 +70,10 @@ elif [ "${PLAN:-full}" = overlap ]; then
   echo "== live turbo_async rc=${PIPESTATUS[0]}"; tail -4 "$OUT/live_turbo_async.log"
   OVERLAP_ENCODER=1 run turbo_async 120 --model "$TURBO" --clients 200,400
   OVERLAP_ENCODER=1 run tiny_async 110 --model tiny.en --clients 400,600
+elif [ "${PLAN:-full}" = tune ]; then  # the async encoder with smaller batches, then also sparser partials
+  OVERLAP_ENCODER=1 MAX_ENCODER_BATCH=4 run turbo_async_b4 80 --model "$TURBO" --clients 200
+  OVERLAP_ENCODER=1 MAX_ENCODER_BATCH=4 PARTIAL_INTERVAL_MAX_S=8 FINAL_BUDGET_S=0.2 run turbo_async_b4_sparse 80 --model "$TURBO" --clients 200,300
+  OVERLAP_ENCODER=1 run tiny_async_800 80 --model tiny.en --clients 800
 elif [ "${PLAN:-full}" = served ]; then
   timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_scheduler.py tests/test_live.py \
     2>&1 | tail -3 | tee -a "$LOG"

@@ -21,6 +21,7 @@ from streamer.engine.request import SAMPLE_RATE
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
+from streamer.model.cpu_linear import with_half_weights
 from streamer.model.whisper import KVCache
 
 # Attention backends per path, chosen by whether the path's shapes are fixed and planned before
@@ -106,7 +107,7 @@ class Runner:
         self.max_new_tokens = max_new_tokens
         self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_fp8=cross_fp8)
         if self.device.type == "cpu":
-            self.model.decoder.cpu_half_weights()
+            self.model = with_half_weights(self.model)
         self.state = SamplerState.allocate(n_slots, self.device)
         self.rules = LogitRules(self.tok, self.dims.n_vocab, loaded.suppress_tokens, loaded.begin_suppress_tokens, self.device)
         self.tokens_in = torch.zeros(n_slots, dtype=torch.long, device=self.device)

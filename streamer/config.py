@@ -153,6 +153,9 @@ class ServerConfig:
     """A `/v1/stream` session whose connection drops is kept this long for the client to resume."""
     worker_id: int = 0
     """This gateway process among several on one port; resume tokens name it (`docs/protocol.md`)."""
+    webrtc_ice_servers: str = ""
+    """STUN/TURN servers for WebRTC clients: a JSON list in `RTCPeerConnection`'s `iceServers`
+    format, served at `/v1/webrtc/config` (`docs/protocol.md`); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "SSL_KEYFILE": ("server", "ssl_keyfile"),
     "RESUME_S": ("server", "resume_s"),
     "STREAMER_WORKER_ID": ("server", "worker_id"),
+    "WEBRTC_ICE_SERVERS": ("server", "webrtc_ice_servers"),
 }
+
+
+def log_level(default: str, env: Mapping[str, str] | None = None) -> str:
+    """`LOG_LEVEL` of the streamer loggers, else `default` (each process kind has its own: the
+    server logs INFO, `streamer transcribe` WARNING, so that stderr stays quiet in pipes)."""
+    return (os.environ if env is None else env).get("LOG_LEVEL", default)
 
 
 def _coerce(value: str, kind: Any) -> Any:

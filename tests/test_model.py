@@ -108,6 +108,15 @@ def test_features_match_transformers(jfk_path, n_mels):
     assert np.abs(ours - theirs).max() < 1e-4
 
 
+def test_feature_constants_are_the_kernels():
+    """`cuda_ops.mel` imports nothing from `streamer`, so it keeps its own copies of the rate and hop."""
+    from cuda_ops import mel
+    from streamer.audio import SAMPLE_RATE
+    from streamer.audio.features import HOP_LENGTH
+
+    assert (mel.SAMPLE_RATE, mel.HOP_LENGTH) == (SAMPLE_RATE, HOP_LENGTH)
+
+
 def test_encoder_matches_transformers(tiny, hf_model, jfk_path):
     mel = log_mel_spectrogram(decode_audio(jfk_path), 80)
     with torch.inference_mode():

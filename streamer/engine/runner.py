@@ -336,12 +336,7 @@ class Runner:
 
     def _encode(self, requests: list) -> torch.Tensor:
         """Log-mel and encoder output [len(requests), n_audio_ctx, d] of the requests' windows."""
-        feats = [r.features for r in requests]
-        if all(f is None for f in feats):
-            mel = log_mel_spectrogram([r.audio for r in requests], self.dims.n_mels, device=self.device)
-        else:
-            mel = torch.stack([torch.as_tensor(f) if f is not None else
-                               log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
+        mel = log_mel_spectrogram([r.audio for r in requests], self.dims.n_mels, device=self.device)
         return self._encoder(mel)
 
     def _encoder(self, mel: torch.Tensor) -> torch.Tensor:
@@ -388,9 +383,8 @@ class Runner:
                                                           length_penalty=opts.length_penalty))
             generator = None
             if r.temperature > 0:
-                payload = r.audio if r.audio is not None else np.asarray(torch.as_tensor(r.features).float().cpu())
                 generator = torch.Generator(self.device)
-                generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(payload), r.attempt))
+                generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(r.audio), r.attempt))
             seqs.append(Sequence(r, initial, len(prompt), language, limit, group=group, generator=generator))
 
         length = max(len(s.initial) for s in seqs)

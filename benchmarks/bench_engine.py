@@ -136,16 +136,16 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
         ms = 1000 * _cuda_time(graph.replay, 20)
         # Bytes a step must read: the decoder's weights as stored (FP8 sites take one byte per
         # weight) and, per sequence, its self K/V and its cross K/V as cached (FP8 or fp16).
-        decoder = loaded.model.decoder
+        decoder = engine.loaded.model.decoder  # the preset's modules (FP8 sites)
         dec_bytes = sum(t.numel() * t.element_size() for t in [*decoder.parameters(), *decoder.buffers()])
-        kv = KVCache.bytes_per_slot(loaded.dims, runner.cache.self_k[0].element_size(), runner.cache.cross_fp8)
+        kv = KVCache.bytes_per_slot(loaded.dims, runner.cache.layers[0].self_k.element_size(), runner.cache.cross_fp8)
         floor = 1000 * (dec_bytes + b * kv) / (ceil["copy_GBps"] * 1e9)
         for r in rows:
             if r["windows"] == n:
                 r.update(step_ms=ms, step_floor_ms=floor, step_over_floor=ms / floor)
     mel = torch.randn(16, loaded.dims.n_mels, 3000, device="cuda", dtype=torch.float16)
     with torch.inference_mode():
-        t = _cuda_time(lambda: loaded.model.encoder(mel), 5)
+        t = _cuda_time(lambda: engine.loaded.model.encoder(mel), 5)
     flops = encoder_flops(loaded.dims)
     enc = {"encoder_windows_per_s": 16 / t, "encoder_TFLOPs": 16 * flops / t / 1e12,
            "encoder_pct_of_matmul": 100 * 16 * flops / t / 1e12 / ceil["fp16_matmul_TFLOPs"]}

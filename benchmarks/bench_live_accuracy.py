@@ -34,9 +34,10 @@ import time
 import numpy as np
 
 from common import AUDIO_DIR, ct2_dir, environment, manifest, normalizer, table, wer, write_json
+
+from streamer.audio import SAMPLE_RATE
 from messy import messy_join
 
-SAMPLE_RATE = 16000
 CHUNK_S = 0.1
 TAIL_S = 2.0
 """Silence after the recording, so that the VAD ends the last utterance."""

@@ -25,8 +25,9 @@ import numpy as np
 
 from common import AUDIO_DIR, concat, ct2_dir, environment, manifest, table, wer, write_json
 
+from streamer.audio import SAMPLE_RATE
+
 SYSTEMS = ("fast", "accurate", "fw-seq", "fw-seq-beam5", "fw-batched")
-SAMPLE_RATE = 16000
 
 
 def recordings(minutes: list[float]) -> list[tuple[str, np.ndarray, str]]:

@@ -13,7 +13,8 @@ import numpy as np
 
 from common import manifest
 
-SAMPLE_RATE = 16000
+from streamer.audio import SAMPLE_RATE
+
 PAUSE_S = (1.0, 6.0)
 """Pause between two prompts, uniform in this range."""
 NOISE_GAP_S = 3.0

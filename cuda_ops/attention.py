@@ -154,15 +154,12 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     slot_ids: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode attention: the Triton kernels on CUDA, the fp32 reference on the CPU."""
+    """Decode attention: the Triton kernels on CUDA, the fp32 reference on the CPU. `slot_ids`: a
+    prefill's query rows over an FP8 cross cache repeat their slot (`model/fused.py`)."""
     if q.is_cuda and triton_usable(q.device):
-        return decode_attention_triton(
-            q, k, v, lengths, sm_scale, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids, out=out
-        )
-    result = decode_attention_reference(q, k, v, lengths, sm_scale, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids)
-    return result if out is None else out.copy_(result)
+        return decode_attention_triton(q, k, v, lengths, sm_scale, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids)
+    return decode_attention_reference(q, k, v, lengths, sm_scale, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids)
 
 
 def decode_attention_triton(

@@ -94,11 +94,8 @@ class PrecisionConfig:
         ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)
         if not self.use_fused_layernorm and "fp8" in ln_fed:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
-
-    @property
-    def uses_fp8(self) -> bool:
-        """True when any site runs in FP8 (the model then needs a GPU with FP8 tensor cores)."""
-        return any(getattr(self, f.name) == "fp8" for f in fields(self) if f.name not in _SWITCHES + _INTS)
+        if not self.use_fused_layernorm and self.cross_kv_cache == "fp8":  # only the fused blocks read it
+            raise ValueError("an FP8 cross_kv_cache needs use_fused_layernorm=True")
 
 
 def full_fp16() -> PrecisionConfig:

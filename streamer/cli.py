@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from streamer.config import load_settings
+from streamer.config import load_settings, log_level
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -54,20 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     lt = sub.add_parser("loadtest", help="stream real recordings from N concurrent clients to a server")
-    lt.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of benchmarks/bench_streaming.py")
+    lt.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the load test (streamer loadtest --help)")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["loadtest"]:  # every further argument, --help included, belongs to the load test
-        from streamer.loadtest import main as loadtest_main
+        from streamer.loadtest.client import main as loadtest_main
 
         return loadtest_main(argv[1:])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), stream=sys.stderr,
+    logging.basicConfig(level=log_level("WARNING"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         from streamer.server.supervisor import serve as run_server
 
-        logging.getLogger("streamer").setLevel(os.environ.get("LOG_LEVEL", "INFO"))
+        logging.getLogger("streamer").setLevel(log_level("INFO"))
         run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers,
                              ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
                              allowed_origins=args.allowed_origins))
@@ -100,6 +100,7 @@ class _Progress:
 
 
 async def _transcribe(args) -> int:
+    from streamer.audio import SAMPLE_RATE
     from streamer.audio.decode import AudioDecodeError, decode_audio
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
@@ -125,7 +126,7 @@ async def _transcribe(args) -> int:
             audio = await asyncio.to_thread(decode_audio, path, max_seconds=settings.server.max_audio_s)
         except AudioDecodeError as e:
             return path, e
-        name, duration = os.path.basename(path), len(audio) / 16000
+        name, duration = os.path.basename(path), len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         transcript = await transcribe_long(engine, audio, mode=mode, options=options, word_timestamps=args.word_timestamps,
                                            on_progress=lambda f: progress(name, duration, f))

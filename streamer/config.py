@@ -163,6 +163,9 @@ class ServerConfig:
     """The supervisor's run directory, where each gateway worker also serves on a private Unix
     socket: a resume or a Twilio subscriber that lands on another worker is relayed to the one
     holding the session (`server/relay.py`). Set by `streamer serve`; None: a gateway alone."""
+    webrtc_ice_servers: str = ""
+    """STUN/TURN servers for WebRTC clients: a JSON list in `RTCPeerConnection`'s `iceServers`
+    format, served at `/v1/webrtc/config` (`docs/protocol.md`); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "SSL_KEYFILE": ("server", "ssl_keyfile"),
     "RESUME_S": ("server", "resume_s"),
     "STREAMER_WORKER_ID": ("server", "worker_id"),
+    "WEBRTC_ICE_SERVERS": ("server", "webrtc_ice_servers"),
 }
+
+
+def log_level(default: str, env: Mapping[str, str] | None = None) -> str:
+    """`LOG_LEVEL` of the streamer loggers, else `default` (each process kind has its own: the
+    server logs INFO, `streamer transcribe` WARNING, so that stderr stays quiet in pipes)."""
+    return (os.environ if env is None else env).get("LOG_LEVEL", default)
 
 
 def _coerce(value: str, kind: Any) -> Any:

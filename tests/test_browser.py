@@ -1,4 +1,4 @@
-"""The demo page (`web/`) end to end in Debian's headless Chromium: a real tiny.en engine, the real
+"""The demo page (`streamer/web/`) end to end in Debian's headless Chromium: a real tiny.en engine, the real
 server on 127.0.0.1, and Chromium's fake microphone playing real recordings.
 
 Live tests, one per transport (WebSocket PCM and WebRTC): four English prompts joined with pauses

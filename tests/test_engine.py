@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -92,48 +93,60 @@ def test_silence_and_noise_give_no_words(tiny):
 
 
 def test_cancel_replace_and_queue_bound(tiny, jfk_path):
+    """A newer partial of a session replaces its queued older one; a cancelled window fails with
+    `Cancelled`; past `max_queue` queued windows `submit` refuses at once. The model thread is held
+    between steps (`call_soon` runs before the next step) while they queue, so none is admitted."""
     audio = decode_audio(jfk_path)
+    gate = threading.Event()
 
     async def main(engine):
+        engine.call_soon(gate.wait, (60.0,), lambda value, error: None)
         first = engine.submit(audio, priority=Priority.PARTIAL, session_id="s")
-        second = engine.submit(audio, priority=Priority.PARTIAL, session_id="s")  # replaces `first` if still queued
+        second = engine.submit(audio, priority=Priority.PARTIAL, session_id="s")
+        with pytest.raises(Cancelled, match="replaced by a newer partial"):
+            await first.result()
         third = engine.submit(audio, priority=Priority.FILE)
         third.cancel()
-        with pytest.raises(Cancelled):
+        with pytest.raises(Cancelled, match="cancelled"):
             await third.result()
-        result = await second.result()
-        try:
-            await first.result()
-        except Cancelled:
-            pass
+        queued = [engine.submit(audio, priority=Priority.FILE) for _ in range(3)]  # `second` and these: 4
         with pytest.raises(QueueFull):
-            for _ in range(10):
-                engine.submit(audio, priority=Priority.FILE)
-        return result
+            engine.submit(audio, priority=Priority.FILE)
+        for handle in queued:
+            handle.cancel()
+        gate.set()
+        return await second.result()
 
     engine = Engine(tiny, EngineConfig(max_slots=2, max_queue=4))
     try:
         result = asyncio.run(main(engine))
     finally:
+        gate.set()
         engine.close()
     assert "country" in result.text
 
 
 def test_tokens_stream_before_the_result(tiny, jfk_path):
+    """Tokens reach the caller step by step while the window decodes, the first well before the
+    result settles; together they are the result's tokens."""
     audio = decode_audio(jfk_path)
 
     async def main(engine):
         handle = engine.submit(audio, stream_tokens=True)
+        settled = []
+        result = asyncio.ensure_future(handle.result())
+        result.add_done_callback(lambda _: settled.append(time.monotonic()))
         seen = [(tok, time.monotonic()) async for tok in handle.tokens()]
-        result = await handle.result()
-        return seen, result
+        return seen, await result, settled[0]
 
     engine = Engine(tiny)
     try:
-        seen, result = asyncio.run(main(engine))
+        seen, result, settled_at = asyncio.run(main(engine))
     finally:
         engine.close()
     assert [t for t, _ in seen if t != tiny.tokenizer.eot] == result.tokens
+    assert seen[0][1] < settled_at
+    assert len({at for _, at in seen}) >= 3  # arrived over several steps, not in one batch at the end
 
 
 def test_warm_up_leaves_no_trace(tiny, manifest):

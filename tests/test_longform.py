@@ -4,7 +4,11 @@ real tiny.en engine on real recordings joined into a minute of speech."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import jiwer
 import numpy as np
@@ -101,7 +105,35 @@ def test_subtitles_have_numbered_cues_with_exact_clock_times():
     assert to_srt(transcript()) == ("1\n00:00:00,500 --> 00:00:01,400\nHello world.\n\n"
                                     "2\n01:01:01,250 --> 01:01:03,000\nSecond -> cue.\n")
     assert to_vtt(transcript()) == ("WEBVTT\n\n00:00:00.500 --> 00:00:01.400\nHello world.\n\n"
-                                    "01:01:01.250 --> 01:01:03.000\nSecond -> cue.\n")
+                                    "01:01:01.250 --> 01:01:03.000\nSecond --&gt; cue.\n")
+
+
+MARKUP = [TranscriptSegment(0, 0, 0.0, 1.0, " Tom & Jerry <i>live</i>", [1], -0.2, 1.1, 0.01, 0.0, []),
+          TranscriptSegment(1, 0, 1.0, 2.5, "  two\n\nlines --> one ", [2], -0.2, 1.1, 0.01, 0.0, []),
+          TranscriptSegment(2, 0, 2.5, 3.0, "   ", [3], -0.2, 1.1, 0.01, 0.0, [])]
+
+
+def test_vtt_escapes_cue_markup_and_a_cue_stays_one_line():
+    """WebVTT cue text is markup: a transcript's &, < and > must not open entities or tags; a blank
+    line would end a cue early; an empty segment is no cue."""
+    t = Transcript(text="", language="en", duration=3.0, segments=MARKUP)
+    assert to_vtt(t) == ("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nTom &amp; Jerry &lt;i&gt;live&lt;/i&gt;\n\n"
+                         "00:00:01.000 --> 00:00:02.500\ntwo lines --&gt; one\n")
+    assert to_srt(t).split("\n\n")[1] == "2\n00:00:01,000 --> 00:00:02,500\ntwo lines -> one\n"
+
+
+def test_the_web_page_writes_the_same_subtitles():
+    """streamer/web/subtitles.js renders verbose_json segments as formats.py renders the transcript."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (make node)")
+    module = Path(__file__).resolve().parents[1] / "streamer" / "web" / "subtitles.js"
+    segments = [{"start": s.start, "end": s.end, "text": s.text} for s in MARKUP]
+    script = (f"import {{ toSrt, toVtt }} from {json.dumps(module.as_uri())};"
+              f"const s = {json.dumps(segments)}; process.stdout.write(JSON.stringify([toSrt(s), toVtt(s)]));")
+    out = subprocess.run([node, "--input-type=module", "-e", script], check=True, capture_output=True, text=True)
+    t = Transcript(text="", language="en", duration=3.0, segments=MARKUP)
+    assert json.loads(out.stdout) == [to_srt(t), to_vtt(t)]
 
 
 def test_verbose_json_has_openai_fields():
@@ -112,7 +144,7 @@ def test_verbose_json_has_openai_fields():
     assert body["words"] == [{"word": "Hello", "start": 0.5, "end": 0.9}, {"word": "world.", "start": 0.9, "end": 1.4}]
     assert "segments" not in to_verbose_json(transcript(), segments=False, words=True)
     assert render(transcript(), "json") == {"text": "Hello world. Second --> cue."}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="response_format must be one of json, text, srt, verbose_json, vtt, not 'docx'"):
         render(transcript(), "docx")
 
 

@@ -4,7 +4,6 @@ greedy tokens; and the weight loaders (CTranslate2 bundles, Hugging Face directo
 from __future__ import annotations
 
 import struct
-import types
 
 import numpy as np
 import pytest
@@ -12,9 +11,11 @@ import torch
 
 from streamer.audio.decode import decode_audio
 from streamer.audio.features import log_mel_spectrogram
-from streamer.engine.request import DecodeOptions
+from streamer.engine.request import DecodeOptions, Priority, Request
 from streamer.engine.runner import Runner
+from streamer.model.cpu_linear import HALF_LINEARS, HalfWeightLinear, HalfWeightProjection, with_half_weights
 from streamer.model.weights import WeightsError, load_model, read_ct2, save_hf_checkpoint
+from streamer.model.whisper import KVCache, PassCache
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +44,7 @@ def greedy(loaded, audios, language=None, prompt=None):
     """Greedy tokens of each clip, all decoded together in one runner (continuous batching)."""
     options = DecodeOptions(language=language, prompt=prompt, temperatures=(0.0,))
     runner = Runner(loaded, n_slots=len(audios))
-    reqs = [types.SimpleNamespace(id=str(i), audio=a, features=None, options=options, temperature=0.0)
+    reqs = [Request(id=str(i), audio=a, options=options, priority=Priority.FILE, deadline=0.0, arrival=0.0)
             for i, a in enumerate(audios)]
     done = runner.step(reqs).finished
     while runner.live:
@@ -107,6 +108,15 @@ def test_features_match_transformers(jfk_path, n_mels):
     assert np.abs(ours - theirs).max() < 1e-4
 
 
+def test_feature_constants_are_the_kernels():
+    """`cuda_ops.mel` imports nothing from `streamer`, so it keeps its own copies of the rate and hop."""
+    from cuda_ops import mel
+    from streamer.audio import SAMPLE_RATE
+    from streamer.audio.features import HOP_LENGTH
+
+    assert (mel.SAMPLE_RATE, mel.HOP_LENGTH) == (SAMPLE_RATE, HOP_LENGTH)
+
+
 def test_encoder_matches_transformers(tiny, hf_model, jfk_path):
     mel = log_mel_spectrogram(decode_audio(jfk_path), 80)
     with torch.inference_mode():
@@ -128,26 +138,28 @@ def test_greedy_tokens_equal_transformers_generate(tiny, hf_model, manifest, jfk
 
 
 def test_cpu_half_weights_compute_the_same_step(jfk_path):
-    """`TextDecoder.cpu_half_weights()` (float16 weights, float32 arithmetic) changes speed, not
-    values: tiny.en's weights are float16 values, so the products are the float32 ones."""
-    from streamer.model.whisper import KVCache
-
+    """`with_half_weights` (float16 weights, float32 arithmetic) changes speed, not values: tiny.en's
+    weights are float16 values, so the products are the float32 ones. It swaps modules in a new
+    model and leaves the one it was given as it was."""
     loaded = load_model("tiny.en")
-    model, dims = loaded.model, loaded.dims
+    plain, dims = loaded.model, loaded.dims
+    half = with_half_weights(plain)
+    assert half is not plain and half.decoder is not plain.decoder
+    assert {n for n, m in half.decoder.blocks[0].named_children() if isinstance(m, HalfWeightLinear)} == set(HALF_LINEARS)
+    assert isinstance(half.decoder.proj, HalfWeightProjection)
+    assert not any(isinstance(m, HalfWeightLinear) for m in plain.modules())  # the shared model is untouched
+    assert half.encoder is plain.encoder and half.decoder.blocks[0].cross_kv is plain.decoder.blocks[0].cross_kv
     with torch.inference_mode():
-        audio_features = model.encoder(log_mel_spectrogram(decode_audio(jfk_path), dims.n_mels))
+        audio_features = plain.encoder(log_mel_spectrogram(decode_audio(jfk_path), dims.n_mels))
         tokens = torch.tensor([loaded.tokenizer.sot_sequence(None, "transcribe", False) + [634, 1029]])
         positions = torch.arange(tokens.shape[1])[None]
         out = []
-        for half in (False, True):
-            if half:
-                assert model.decoder.cpu_half_weights()
+        for model in (plain, half):
             cache = KVCache(dims, 1, torch.device("cpu"), torch.float32)
             model.decoder.write_cross_kv(audio_features, cache, 0)
             prefill = model.decoder(tokens[:, :-1], positions[:, :-1], 0, cache)
             step = model.decoder(tokens[:, -1:], positions[:, -1:], 0, cache)
             out.append((model.decoder.logits(prefill), model.decoder.logits(step)))
-    assert set(model.decoder.blocks[0].half_weights) == {"qkv", "attn_out", "cross_q", "cross_out", "fc1", "fc2"}
     for a, b in zip(*out):
         assert b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
@@ -158,8 +170,53 @@ def test_cpu_half_weights_only_for_float16_values():
     loaded = load_model("tiny.en")
     with torch.no_grad():
         loaded.model.decoder.blocks[1].fc2.weight[0, 0] += 1e-6
-    assert not loaded.model.decoder.cpu_half_weights()
-    assert loaded.model.decoder.proj_half is None and not loaded.model.decoder.blocks[0].half_weights
+    assert with_half_weights(loaded.model) is loaded.model
+
+
+def test_kv_cache_buffers_are_registered():
+    """Every slot buffer is a registered buffer (seen by `.to()`, `buffers()`), none in a state dict."""
+    dims = load_model("tiny.en").dims
+    cache = KVCache(dims, 2, torch.device("cpu"), torch.float32)
+    assert len(list(cache.buffers())) == 4 * dims.n_text_layer and not cache.state_dict()
+    half = cache.to(torch.float16)
+    assert all(b.dtype == torch.float16 for b in half.buffers()) and half.layers[0].self_k.shape == (2, dims.n_text_head, dims.n_text_ctx, dims.head_dim)
+    fp8 = KVCache(dims, 2, cross_fp8=True)
+    assert len(list(fp8.buffers())) == 6 * dims.n_text_layer  # + the cross K/V scales
+    src, dst = torch.tensor([1]), torch.tensor([0])
+    for b in fp8.buffers():
+        b[1] = 1
+    fp8.move_rows(src, dst)
+    assert all(b[0].float().eq(1).all() for b in fp8.buffers())
+
+
+def test_decoder_returns_the_cross_attention_logits_of_the_heads_asked(tiny, jfk_path):
+    """`cross_qk_heads`: those heads' pre-softmax logits over the audio, in layer order, from the
+    same pass that gives the hidden states; a `PassCache` pass equals a slot pass (word alignment)."""
+    model, dims = tiny.model, tiny.dims
+    queries = {}
+    hooks = [model.decoder.blocks[i].cross_q.register_forward_hook(lambda m, a, out, i=i: queries.__setitem__(i, out))
+             for i in (0, 2)]
+    try:
+        with torch.inference_mode():
+            audio = model.encoder(log_mel_spectrogram(decode_audio(jfk_path), dims.n_mels))
+            tokens = torch.tensor([tiny.tokenizer.sot_sequence(None, "transcribe", False) + [634, 1029, 407]])
+            t = tokens.shape[1]
+            positions = torch.arange(t)[None]
+            cache = KVCache(dims, 1, torch.device("cpu"), torch.float32)
+            model.decoder.write_cross_kv(audio, cache, 0)
+            slotted = model.decoder(tokens, positions, 0, cache, t)
+            heads = [(2, 3), (0, 1), (2, 0)]
+            hidden, qk = model.decoder(tokens, positions, 0, PassCache(model.decoder, audio, t), t, cross_qk_heads=heads)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert qk.shape == (1, 3, t, dims.n_audio_ctx) and qk.dtype == torch.float32
+    torch.testing.assert_close(hidden, slotted, rtol=1e-5, atol=1e-5)
+    h, dh = dims.n_text_head, dims.head_dim
+    for column, (layer, head) in enumerate([(0, 1), (2, 3), (2, 0)]):  # layer order, then as asked
+        q = queries[layer].view(1, t, h, dh)[0, :, head]  # [T, Dh]
+        k = cache.layers[layer].cross_k[0, head]  # [1500, Dh]
+        torch.testing.assert_close(qk[0, column], q @ k.t() * dh ** -0.5, rtol=1e-5, atol=1e-4)
 
 
 def test_tokenizer_decodes_and_derives_timestamps(tiny):

@@ -1,11 +1,9 @@
 """The per-stream state machine on real audio and the real silero model.
 
-Engine results are hand-made plain data with the attributes of `engine.request.Result`.
+Engine results are hand-made `engine.request.Result`s, judged as the engine judges them.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -13,7 +11,9 @@ import pytest
 from streamer.audio.decode import decode_audio
 from streamer.audio.vad import FRAME, SileroVAD, speech_segments
 from streamer.config import StreamingConfig, VADConfig
-from streamer.model.decoding import DecodeOptions, Verdict, judge
+from streamer import types
+from streamer.engine import request
+from streamer.model.decoding import DecodeOptions, judge
 from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
 from streamer.streaming.session import Session
 
@@ -25,39 +25,23 @@ def decode(path) -> np.ndarray:
     return decode_audio(str(path))
 
 
-@dataclass
-class Word:
-    word: str
-    start: float
-    end: float
-    probability: float = 0.9
+def word(word: str, start: float, end: float, probability: float = 0.9) -> types.Word:
+    return types.Word(start=start, end=end, word=word, probability=probability)
 
 
-@dataclass
-class Segment:
-    start: float
-    end: float
-    text: str
-    words: list[Word] | None = None
+def segment(start: float, end: float, text: str, words: list[types.Word] | None = None) -> types.Segment:
+    return types.Segment(id=0, start=start, end=end, text=text, tokens=[], avg_logprob=-0.2, no_speech_prob=0.01,
+                         compression_ratio=1.3, temperature=0.0, words=words)
 
 
-@dataclass
-class Result:
-    text: str
-    segments: list[Segment] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    language: str = "en"
-    avg_logprob: float = -0.2
-    no_speech_prob: float = 0.01
-    compression_ratio: float = 1.3
-    temperature: float = 0.0
-    truncated: bool = False
-    verdict: Verdict | None = None
-
-    def __post_init__(self):
-        if self.verdict is None:  # as the engine judges it
-            self.verdict = judge(self.text, self.avg_logprob, self.no_speech_prob, self.compression_ratio,
-                                 self.truncated, DecodeOptions(), self.temperature)
+def result_of(text: str, segments: list[types.Segment] | None = None, *, avg_logprob: float = -0.2,
+           no_speech_prob: float = 0.01, compression_ratio: float = 1.3, temperature: float = 0.0,
+           truncated: bool = False) -> request.Result:
+    """A window's result with the verdict the engine would give it (`decoding.judge`)."""
+    verdict = judge(text, avg_logprob, no_speech_prob, compression_ratio, truncated, DecodeOptions(), temperature)
+    return request.Result(request_id="w", text=text, tokens=[], segments=segments or [], language="en",
+                          avg_logprob=avg_logprob, no_speech_prob=no_speech_prob, compression_ratio=compression_ratio,
+                          temperature=temperature, duration=1.0, truncated=truncated, verdict=verdict)
 
 
 @pytest.fixture(scope="module")
@@ -178,29 +162,29 @@ def test_stale_partials_are_dropped_and_final_replaces_them(vad, jfk):
     partials = windows(events, "partial")
     assert len(partials) >= 3 and windows(events, "final") == []
     p1, p2, p3 = partials[-3:]
-    (got,) = session.on_result(p2.window_id, Result(" And so my fellow"))
+    (got,) = session.on_result(p2.window_id, result_of(" And so my fellow"))
     assert isinstance(got, Partial) and got.utterance_id == p2.utterance_id
     assert (got.text, got.stable, got.unstable) == ("And so my fellow", "", "And so my fellow")
     assert (got.start, got.end) == (pytest.approx(p2.start), pytest.approx(p2.end))
-    assert session.on_result(p1.window_id, Result(" And so")) == []  # older than one shown
-    got = session.on_result(p3.window_id, Result(" And so my fellow Americans"))
+    assert session.on_result(p1.window_id, result_of(" And so")) == []  # older than one shown
+    got = session.on_result(p3.window_id, result_of(" And so my fellow Americans"))
     assert [(e.stable, e.unstable) for e in got] == [("And so my fellow", " Americans")]
-    assert session.on_result(p3.window_id, Result(" And so my")) == []  # delivered already
+    assert session.on_result(p3.window_id, result_of(" And so my")) == []  # delivered already
 
     rest = stream(session, jfk[first_end - SR // 2 : first_end + SR], close=False)
     late = [w for w in windows(rest, "partial") if w.utterance_id == p1.utterance_id][-1]
     final = windows(rest, "final")[0]
     assert final.utterance_id == late.utterance_id == p1.utterance_id
-    assert session.on_result(late.window_id, Result(" And so my fellow Americans")) == []  # final submitted
-    result = Result(
+    assert session.on_result(late.window_id, result_of(" And so my fellow Americans")) == []  # final submitted
+    result = result_of(
         " And so, my fellow Americans,",
-        segments=[Segment(0.3, 2.0, " And so, my fellow Americans,", words=[Word(" And", 0.3, 0.5), Word(" Americans,", 1.4, 2.0)])],
+        segments=[segment(0.3, 2.0, " And so, my fellow Americans,", words=[word(" And", 0.3, 0.5), word(" Americans,", 1.4, 2.0)])],
     )
     (out,) = session.on_result(final.window_id, result)
     assert isinstance(out, Final) and out.text == "And so, my fellow Americans,"
     assert out.start == pytest.approx(final.start + 0.3) and out.end == pytest.approx(final.start + 2.0)
-    word = {"word": " Americans,", "start": pytest.approx(final.start + 1.4), "end": pytest.approx(final.start + 2.0), "probability": 0.9}
-    assert out.words[1] == word
+    expected = {"word": " Americans,", "start": pytest.approx(final.start + 1.4), "end": pytest.approx(final.start + 2.0), "probability": 0.9}
+    assert out.words[1] == expected
     with pytest.raises(KeyError):
         session.on_result(final.window_id, result)  # delivered once
 
@@ -217,56 +201,56 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     session = Session(StreamingConfig(condition_on_previous=True), vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt is None
-    assert len(session.on_result(w1.window_id, Result(" And so my fellow Americans."))) == 1
+    assert len(session.on_result(w1.window_id, result_of(" And so my fellow Americans."))) == 1
 
     w2, partials = utterance(session, clip)
     assert w2.prompt == "And so my fellow Americans." and partials
     assert all(p.prompt == w2.prompt for p in partials)
-    assert session.on_result(w2.window_id, Result(" Americans.")) != []
+    assert session.on_result(w2.window_id, result_of(" Americans.")) != []
     w3, _ = utterance(session, clip)
     assert w3.prompt == "And so my fellow Americans. Americans."
 
     # A loop (token limit, compressible) is shown (it has text and speech) but resets the prompt,
     # and the prompted window is to be decoded again without its prompt.
-    loop = Result(" Americans Americans Americans Americans", compression_ratio=3.1, truncated=True)
+    loop = result_of(" Americans Americans Americans Americans", compression_ratio=3.1, truncated=True)
     assert Session.retry_unprompted(w3, loop).prompt is None
     assert [e.text for e in session.on_result(w3.window_id, loop)] == [loop.text.strip()]
     w4, _ = utterance(session, clip)
     assert w4.prompt is None
     assert Session.retry_unprompted(w4, loop) is None  # nothing to take away
-    session.on_result(w4.window_id, Result(" Good."))
+    session.on_result(w4.window_id, result_of(" Good."))
     w5, _ = utterance(session, clip)
     assert w5.prompt == "Good."
     # A poor decode (low log-probability) is shown too, and also resets the prompt.
-    assert session.on_result(w5.window_id, Result(" Good.", avg_logprob=-1.2)) != []
+    assert session.on_result(w5.window_id, result_of(" Good.", avg_logprob=-1.2)) != []
     w6, _ = utterance(session, clip)
     assert w6.prompt is None
     # A phrase repeated back to back, short and ended by itself (gzip misses it): the same.
-    session.on_result(w6.window_id, Result(" Good."))
+    session.on_result(w6.window_id, result_of(" Good."))
     w7, _ = utterance(session, clip)
-    repeated = Result(" Montreal forced a liner." * 3, compression_ratio=1.9)
+    repeated = result_of(" Montreal forced a liner." * 3, compression_ratio=1.9)
     assert repeated.verdict.repetition and Session.retry_unprompted(w7, repeated) is not None
     session.on_result(w7.window_id, repeated)
     w8, _ = utterance(session, clip)
     assert w8.prompt is None
     # openai's rule: text from a retry hotter than 0.5 is shown but does not prompt.
-    session.on_result(w8.window_id, Result(" Good."))
+    session.on_result(w8.window_id, result_of(" Good."))
     w9, _ = utterance(session, clip)
-    assert session.on_result(w9.window_id, Result(" Fine.", temperature=0.6)) != []
+    assert session.on_result(w9.window_id, result_of(" Fine.", temperature=0.6)) != []
     w10, _ = utterance(session, clip)
     assert w10.prompt is None
 
     # Whisper's no-speech verdict: no Final at all; the text before it still prompts.
-    session.on_result(w10.window_id, Result(" Good."))
+    session.on_result(w10.window_id, result_of(" Good."))
     w11, _ = utterance(session, clip)
-    assert session.on_result(w11.window_id, Result(" Thank you.", no_speech_prob=0.9, avg_logprob=-1.4)) == []
+    assert session.on_result(w11.window_id, result_of(" Thank you.", no_speech_prob=0.9, avg_logprob=-1.4)) == []
     w12, _ = utterance(session, clip)
     assert w12.prompt == "Good."
-    assert session.on_result(w12.window_id, Result("  ")) == []  # empty text: no Final either
+    assert session.on_result(w12.window_id, result_of("  ")) == []  # empty text: no Final either
 
     off = Session(StreamingConfig(condition_on_previous=False), vad)
     v1, _ = utterance(off, clip)
-    off.on_result(v1.window_id, Result(" And so my fellow Americans."))
+    off.on_result(v1.window_id, result_of(" And so my fellow Americans."))
     assert utterance(off, clip)[0].prompt is None
 
 
@@ -277,23 +261,23 @@ def test_prompt_is_bounded_opened_by_the_configured_prompt_and_dropped_after_a_p
     session = Session(config, vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt == "Kennedy."  # the configured prompt opens the first one
-    session.on_result(w1.window_id, Result(" And so my fellow Americans."))
+    session.on_result(w1.window_id, result_of(" And so my fellow Americans."))
     w2, _ = utterance(session, clip)
-    session.on_result(w2.window_id, Result(" Ask not."))
+    session.on_result(w2.window_id, result_of(" Ask not."))
     w3, _ = utterance(session, clip)
     assert w3.prompt == "Kennedy. Ask not."  # at most 4 x 6 characters of previous text
-    session.on_result(w3.window_id, Result(" Ask."))
+    session.on_result(w3.window_id, result_of(" Ask."))
     stream(session, np.zeros(6 * SR, np.float32), close=False)  # a 6-s pause
     w4, _ = utterance(session, clip)
     assert w4.prompt == "Kennedy."
     # A final submitted before the previous one's result came back gets its text on `reprompt`.
     w5, _ = utterance(session, clip)
     assert w5.prompt == "Kennedy."
-    session.on_result(w4.window_id, Result(" Ask."))
+    session.on_result(w4.window_id, result_of(" Ask."))
     assert session.reprompt(w5).prompt == "Kennedy. Ask."
     off = Session(StreamingConfig(condition_on_previous=False, prompt="Kennedy."), vad)
     v1, _ = utterance(off, clip)
-    off.on_result(v1.window_id, Result(" And so my fellow Americans."))
+    off.on_result(v1.window_id, result_of(" And so my fellow Americans."))
     assert utterance(off, clip)[0].prompt == "Kennedy."
 
 
@@ -313,13 +297,13 @@ def test_flush_and_close(vad, jfk):
     assert all(w.start * SR >= half for w in windows(later))
     assert windows(session.close(), "final")
     assert session.closed and session.close() == [] and session.flush() == []
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="session is closed"):
         session.feed(jfk[:320])
     assert session.stream_time == pytest.approx(len(jfk) / SR)
 
 
 def test_window_limit_is_checked():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_utterance_s=31.0 does not fit in a 30-s window"):
         Session(StreamingConfig(vad=VADConfig(max_utterance_s=31.0)), vad=None)
 
 

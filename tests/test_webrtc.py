@@ -104,8 +104,7 @@ def test_recording_over_webrtc(base, jfk_path, tmp_path):
 
 
 def test_config(engine, monkeypatch):
-    monkeypatch.setenv("WEBRTC_ICE_SERVERS", json.dumps(ICE_SERVERS))
-    with running(create_app(load_settings({}), engine)) as url:
+    with running(create_app(load_settings({"WEBRTC_ICE_SERVERS": json.dumps(ICE_SERVERS)}), engine)) as url:
         with urllib.request.urlopen(url + "/v1/webrtc/config", timeout=30) as response:
             assert json.loads(response.read()) == {"iceServers": ICE_SERVERS}
 

@@ -1,0 +1,5 @@
+"""Audio in: container decoding and stream resampling, log-mel features, voice activity. Every
+sample past the decoders is float32 mono at SAMPLE_RATE."""
+
+SAMPLE_RATE = 16000
+"""Whisper's input rate: every decoder and resampler of this package produces it."""

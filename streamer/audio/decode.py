@@ -18,10 +18,8 @@ from typing import BinaryIO, Iterator
 import av
 import numpy as np
 
-from streamer.audio import g711
+from streamer.audio import SAMPLE_RATE, g711
 
-SAMPLE_RATE = 16000
-"""Whisper's input rate; everything leaves this module at this rate."""
 
 BATCH_SECONDS = 1.0
 """Decoded frames are gathered this long before resampling: one resampler call per 20-ms Opus
@@ -99,17 +97,6 @@ def decode_audio(
     if audio.size == 0:
         raise AudioDecodeError(name, "no audio data (truncated or corrupt)")
     return audio
-
-
-def probe_duration(source: Source, *, name: str | None = None) -> float | None:
-    """The duration in seconds that the container declares, without decoding; None if unknown.
-
-    Some containers estimate it (MP3 without a VBR header: from the bit rate), so treat it as a
-    cheap first check; `decode_audio(max_seconds=...)` enforces the limit exactly.
-    """
-    data, name = _prepare(source, name, None)
-    with _open(data, name) as container:
-        return _declared_duration(container, _audio_stream(container, name))
 
 
 def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:

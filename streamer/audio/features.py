@@ -10,12 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
-N_FFT = 400  # 25 ms window
-HOP_LENGTH = 160  # 10 ms hop: 100 frames per second
+from streamer.audio import SAMPLE_RATE
+
+HOP_LENGTH = 160  # 10 ms hop: 100 frames per second (= cuda_ops.mel.HOP_LENGTH, whose STFT this is)
 CHUNK_LENGTH = 30  # seconds per window
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames per window
 
 
 def pad_or_trim(audio: torch.Tensor, length: int = N_SAMPLES) -> torch.Tensor:

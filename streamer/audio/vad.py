@@ -19,15 +19,16 @@ chunking agree with it; max-length cuts are our own (at the quietest recent poin
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Literal
 
 import numpy as np
 
+from streamer.audio import SAMPLE_RATE
 from streamer.config import VADConfig
 
-SAMPLE_RATE = 16000
 FRAME = 512
 """Samples per VAD frame (32 ms): the only frame size the v5/v6 model takes at 16 kHz."""
 CONTEXT = 64
@@ -79,6 +80,13 @@ class SileroVAD:
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         self._session = onnxruntime.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
+
+    @classmethod
+    @functools.cache
+    def shared(cls) -> SileroVAD:
+        """The process's one network with the packaged weights: the gateway's streams and the
+        long-form cutter use the same ONNX session (per-stream state lives outside it)."""
+        return cls()
 
     def new_state(self) -> VADState:
         zeros = np.zeros((1, 1, HIDDEN), dtype=np.float32)

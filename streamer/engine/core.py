@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from streamer.config import EngineConfig, ModelConfig
+from streamer.config import EngineConfig, ModelConfig, log_level
 from streamer.engine import protocol as p
 from streamer.engine.engine import Cancelled, Engine, EngineClosed
 from streamer.engine.request import Priority
@@ -239,7 +239,7 @@ class Core:
 
 def run_core(spec: CoreSpec) -> None:
     """Process entry point: load, warm up, serve until SIGTERM/SIGINT (then drain and exit)."""
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=log_level("INFO"),
                         format=f"%(asctime)s %(levelname)s core{spec.index}: %(message)s")
     engine = Engine.load(spec.model, spec.engine, cpu_threads=spec.cpu_threads)
     engine.warm_up()

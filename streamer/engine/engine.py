@@ -101,18 +101,18 @@ class Engine:
         """`precision`: a `cuda_ops` preset (kernels + FP8 sites) applied to the model; None keeps
         the plain PyTorch model. `cpu_threads`: intra-op threads of the model thread on the CPU
         (None: torch's current setting)."""
-        self.loaded = loaded
-        self.tokenizer = loaded.tokenizer
-        self.config = config
-        self.precision = precision
         cross_fp8 = False
         if precision is not None:
             from cuda_ops.precision import get_preset
             from streamer.model.fused import apply_precision
 
             preset = get_preset(precision)
-            apply_precision(loaded.model, preset)
+            loaded = dataclasses.replace(loaded, model=apply_precision(loaded.model, preset))  # the caller's model stays as it was
             cross_fp8 = preset.cross_kv_cache == "fp8"
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.config = config
+        self.precision = precision
         device = next(loaded.model.parameters()).device
         slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8, config.overlap_encoder)

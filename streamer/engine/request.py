@@ -1,24 +1,22 @@
 """A window of audio to transcribe, how to decode it, and what comes back.
 
 No torch here (nor in `model/decoding.py`, where `DecodeOptions` and `Verdict` live and whence
-they are re-exported): the scheduler and the sessions use these types on the CPU alone; the audio or
-log-mel payload is an opaque object that only the runner opens.
+they are re-exported): the scheduler and the sessions use these types on the CPU alone; the audio
+payload is an opaque object that only the runner opens.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
+from streamer.audio import SAMPLE_RATE
 from streamer.model.decoding import TASKS, DecodeOptions, Verdict
 from streamer.types import Segment
 
 __all__ = ["DecodeOptions", "Verdict", "TASKS", "Priority", "RequestState", "Request", "Result"]
 
-SAMPLE_RATE = 16000
-"""Whisper's input rate; the gateway resamples everything to it."""
 WINDOW_SECONDS = 30
 """Whisper's encoder sees exactly one 30-s window; longer audio is split by `longform`."""
 MAX_WINDOW_SAMPLES = SAMPLE_RATE * WINDOW_SECONDS
@@ -60,10 +58,8 @@ class Request:
 
     id: str
     """Unique among the requests the scheduler holds."""
-    audio: Any = None
-    """float32 mono samples at 16 kHz (np.ndarray), at most 30 s; or None when `features` is set."""
-    features: Any = None
-    """Precomputed log-mel of the window; or None when `audio` is set."""
+    audio: Any
+    """float32 mono samples at 16 kHz (np.ndarray), at most 30 s."""
     options: DecodeOptions = field(default_factory=DecodeOptions)
     """How to decode it."""
     priority: Priority
@@ -86,9 +82,7 @@ class Request:
     """Why it FAILED, as the runner reported it."""
 
     def __post_init__(self) -> None:
-        if (self.audio is None) == (self.features is None):
-            raise ValueError(f"request {self.id}: give exactly one of audio and features")
-        if self.audio is not None and len(self.audio) > MAX_WINDOW_SAMPLES:
+        if len(self.audio) > MAX_WINDOW_SAMPLES:
             raise ValueError(
                 f"request {self.id}: {len(self.audio)} samples is longer than one "
                 f"{WINDOW_SECONDS}-s window ({MAX_WINDOW_SAMPLES} samples at {SAMPLE_RATE} Hz)"
@@ -128,10 +122,6 @@ class Result:
     """Log probability of each of `tokens` as sampled; empty after beam search."""
     verdict: Verdict = field(default_factory=Verdict)
     """Silence, loop, poor decode, judged once with the request's thresholds (`decoding.judge`)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dicts and lists, ready for `json.dumps`."""
-        return dataclasses.asdict(self)
 
 
 def check_options(options: DecodeOptions, tokenizer) -> None:

@@ -21,6 +21,7 @@ from streamer.engine.request import SAMPLE_RATE
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
+from streamer.model.cpu_linear import with_half_weights
 from streamer.model.whisper import KVCache
 
 # Attention backends per path, chosen by whether the path's shapes are fixed and planned before
@@ -116,7 +117,7 @@ class Runner:
         self.max_new_tokens = max_new_tokens
         self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_fp8=cross_fp8)
         if self.device.type == "cpu":
-            self.model.decoder.cpu_half_weights()
+            self.model = with_half_weights(self.model)
         self.state = SamplerState.allocate(n_slots, self.device)
         self.rules = LogitRules(self.tok, self.dims.n_vocab, loaded.suppress_tokens, loaded.begin_suppress_tokens, self.device)
         self.tokens_in = torch.zeros(n_slots, dtype=torch.long, device=self.device)
@@ -370,12 +371,7 @@ class Runner:
 
     def _encode(self, requests: list) -> torch.Tensor:
         """Log-mel and encoder output [len(requests), n_audio_ctx, d] of the requests' windows."""
-        feats = [r.features for r in requests]
-        if all(f is None for f in feats):
-            mel = log_mel_spectrogram([r.audio for r in requests], self.dims.n_mels, device=self.device)
-        else:
-            mel = torch.stack([torch.as_tensor(f) if f is not None else
-                               log_mel_spectrogram(r.audio, self.dims.n_mels)[0] for f, r in zip(feats, requests)]).to(self.device)
+        mel = log_mel_spectrogram([r.audio for r in requests], self.dims.n_mels, device=self.device)
         return self._encoder(mel)
 
     def _encoder(self, mel: torch.Tensor) -> torch.Tensor:
@@ -422,9 +418,8 @@ class Runner:
                                                           length_penalty=opts.length_penalty))
             generator = None
             if r.temperature > 0:
-                payload = r.audio if r.audio is not None else np.asarray(torch.as_tensor(r.features).float().cpu())
                 generator = torch.Generator(self.device)
-                generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(payload), r.attempt))
+                generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(r.audio), r.attempt))
             seqs.append(Sequence(r, initial, len(prompt), language, limit, group=group, generator=generator))
 
         length = max(len(s.initial) for s in seqs)

@@ -50,15 +50,18 @@ def _channel(segment) -> dict:
 
 def to_srt(transcript: Transcript) -> str:
     """SubRip: numbered cues from 1, `HH:MM:SS,mmm --> HH:MM:SS,mmm`, a blank line after each."""
+    # "-->" inside a cue's text would read as a timing line to a subtitle parser.
     cues = [f"{i}\n{_clock(start, ',')} --> {_clock(end, ',')}\n"
-            f"{'' if speaker is None else f'[{speaker}] '}{text}\n"
+            f"{'' if speaker is None else f'[{speaker}] '}{text.replace('-->', '->')}\n"
             for i, (start, end, text, speaker) in enumerate(_cues(transcript), start=1)]
     return "\n".join(cues)
 
 
 def to_vtt(transcript: Transcript) -> str:
-    """WebVTT: the `WEBVTT` header, then `HH:MM:SS.mmm --> HH:MM:SS.mmm` cues."""
-    cues = [f"{_clock(start, '.')} --> {_clock(end, '.')}\n{'' if speaker is None else f'<v {speaker}>'}{text}\n"
+    """WebVTT: the `WEBVTT` header, then `HH:MM:SS.mmm --> HH:MM:SS.mmm` cues. Cue text is markup
+    there, so &, < and > are escaped (as streamer/web/subtitles.js does); the voice span is ours."""
+    cues = [f"{_clock(start, '.')} --> {_clock(end, '.')}\n{'' if speaker is None else f'<v {speaker}>'}"
+            f"{text.replace('&', '&amp;').replace('<', '&lt;').replace('>', '&gt;')}\n"
             for start, end, text, speaker in _cues(transcript)]
     return "\n".join(["WEBVTT\n", *cues])
 
@@ -81,8 +84,8 @@ def render(transcript: Transcript, response_format: str, *, segments: bool = Tru
 def _cues(transcript: Transcript) -> list[tuple[float, float, str, str | None]]:
     """(start, end, text, speaker): the speaker of a multichannel transcript is `Channel N`
     (SRT: a `[Channel N] ` prefix; WebVTT: a `<v Channel N>` voice span)."""
-    # "-->" inside a cue's text would read as a timing line to a subtitle parser.
-    return [(s.start, s.end, s.text.strip().replace("-->", "->"), None if s.channel is None else f"Channel {s.channel}")
+    # One line of text per cue: a blank line inside a cue would end it early in both formats.
+    return [(s.start, s.end, " ".join(s.text.split()), None if s.channel is None else f"Channel {s.channel}")
             for s in transcript.segments if s.text.strip()]
 
 

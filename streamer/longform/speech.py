@@ -10,8 +10,6 @@ clear prompts of the 6-minute recording, and dropping those windows lost a minut
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from streamer.audio.vad import SileroVAD, speech_segments
@@ -28,16 +26,11 @@ stopped early and left words out (it does, at the end of long windows): that res
 again. Padding alone is at most 0.4 s."""
 
 
-@functools.cache
-def _vad() -> SileroVAD:
-    return SileroVAD()  # one ONNX session per process; per-stream state lives outside it
-
-
 def find_speech(audio: np.ndarray) -> list[tuple[int, int]]:
     """Sample ranges [start, end) of speech in a whole recording, each at most 28 s plus padding."""
     if len(audio) == 0:
         return []
-    return speech_segments(audio, CUT_VAD, _vad())
+    return speech_segments(audio, CUT_VAD, SileroVAD.shared())
 
 
 def speech_seconds(speech: list[tuple[int, int]], start: int, end: int) -> float:

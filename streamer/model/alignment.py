@@ -2,14 +2,14 @@
 
 openai/whisper's method. A few cross-attention heads of the decoder (the model's
 `alignment_heads`) look at the audio frames where the token being predicted is spoken. We rerun the
-model once over a window's whole text (no KV cache: the encoder, then a plain full-sequence decoder
-pass with a causal mask), keep those heads' attention weights, normalise them, and find the
+model once over a window's whole text (the encoder, then one full-sequence decoder pass with a
+causal mask), keep those heads' attention weights, normalise them, and find the
 cheapest monotonic path from the first token to the last through the token x frame matrix (dynamic
 time warping). The frame where the path first reaches a token's row is when that token starts.
 
-The pass is written here from the model's own modules, so that `whisper.py` stays the cached,
-slot-based decoder the engine steps and never has to return attention weights. It must run on the
-model's thread: callers go through `engine.call(find_word_timings, ...)`.
+The pass is the model's own decoder (whichever blocks it holds) over a `PassCache` instead of
+slots, asked for those heads' logits (`cross_qk_heads`). It must run on the model's thread: callers
+go through `engine.call(find_word_timings, ...)`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from streamer.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
+from streamer.audio import SAMPLE_RATE
+from streamer.audio.features import HOP_LENGTH, log_mel_spectrogram
 from streamer.model.weights import LoadedModel
-from streamer.model.whisper import _merge_heads, _split_heads
+from streamer.model.whisper import PassCache
 from streamer.types import Word
 
 FRAMES_PER_SECOND = SAMPLE_RATE // (2 * HOP_LENGTH)
@@ -116,28 +117,12 @@ def _cross_attention(loaded: LoadedModel, mel: Tensor, tokens: Tensor) -> tuple[
     Rows are padded at the end; the causal mask keeps padding out of every real position.
     """
     model = loaded.model
-    dec = model.decoder
     audio = model.encoder(mel)  # [B, 1500, D]
-    heads_of: dict[int, list[int]] = {}
-    for layer, head in loaded.alignment_heads:
-        heads_of.setdefault(layer, []).append(head)
-
-    t = tokens.shape[1]
-    x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
-    captured = []
-    for i, block in enumerate(dec.blocks):
-        n = block.n_head
-        q, k, v = (_split_heads(y, n) for y in block.qkv(block.attn_ln(x)).chunk(3, dim=-1))
-        x = x + block.attn_out(_merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
-        q = _split_heads(block.cross_q(block.cross_ln(x)), n)
-        k, v = (_split_heads(y, n) for y in block.cross_kv(audio).chunk(2, dim=-1))
-        x = x + block.cross_out(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
-        if i in heads_of:
-            h = heads_of[i]
-            # Explicitly for the few heads we need; SDPA above never materialises the weights.
-            captured.append(q[:, h].float() @ k[:, h].float().transpose(-1, -2) * q.shape[-1] ** -0.5)
-        x = x + block.fc2(F.gelu(block.fc1(block.mlp_ln(x))))
-    return torch.cat(captured, dim=1), x
+    b, t = tokens.shape
+    positions = torch.arange(t, device=tokens.device).expand(b, t)
+    hidden, qk = model.decoder(tokens, positions, 0, PassCache(model.decoder, audio, t), t,
+                               cross_qk_heads=loaded.alignment_heads)
+    return qk, hidden
 
 
 def median_filter(x: Tensor, width: int) -> Tensor:

@@ -143,28 +143,25 @@ def _from_ct2(variables: dict[str, np.ndarray], aliases: dict[str, str]) -> tupl
     linear("encoder.conv2", "encoder/conv2")
     sd["encoder.positional_embedding"] = get("encoder/position_encodings/encodings")
     norm("encoder.ln_post", "encoder/layer_norm")
-    for i in range(n_enc):
-        ours, theirs = f"encoder.blocks.{i}", f"encoder/layer_{i}"
+    def self_attention_and_ffn(ours: str, theirs: str):  # what encoder and decoder blocks share
         norm(f"{ours}.attn_ln", f"{theirs}/self_attention/layer_norm")
         linear(f"{ours}.qkv", f"{theirs}/self_attention/linear_0")
         linear(f"{ours}.attn_out", f"{theirs}/self_attention/linear_1")
         norm(f"{ours}.mlp_ln", f"{theirs}/ffn/layer_norm")
         linear(f"{ours}.fc1", f"{theirs}/ffn/linear_0")
         linear(f"{ours}.fc2", f"{theirs}/ffn/linear_1")
+
+    for i in range(n_enc):
+        self_attention_and_ffn(f"encoder.blocks.{i}", f"encoder/layer_{i}")
     sd["decoder.positional_embedding"] = get("decoder/position_encodings/encodings")
     norm("decoder.ln", "decoder/layer_norm")
     for i in range(n_dec):
         ours, theirs = f"decoder.blocks.{i}", f"decoder/layer_{i}"
-        norm(f"{ours}.attn_ln", f"{theirs}/self_attention/layer_norm")
-        linear(f"{ours}.qkv", f"{theirs}/self_attention/linear_0")
-        linear(f"{ours}.attn_out", f"{theirs}/self_attention/linear_1")
+        self_attention_and_ffn(ours, theirs)
         norm(f"{ours}.cross_ln", f"{theirs}/attention/layer_norm")
         linear(f"{ours}.cross_q", f"{theirs}/attention/linear_0")
         linear(f"{ours}.cross_kv", f"{theirs}/attention/linear_1")
         linear(f"{ours}.cross_out", f"{theirs}/attention/linear_2")
-        norm(f"{ours}.mlp_ln", f"{theirs}/ffn/layer_norm")
-        linear(f"{ours}.fc1", f"{theirs}/ffn/linear_0")
-        linear(f"{ours}.fc2", f"{theirs}/ffn/linear_1")
     if unused:
         raise WeightsError(f"model.bin variables not understood: {sorted(unused)[:8]}")
     return dims, sd

@@ -4,23 +4,39 @@ No I/O, no scheduling. The decoder reads and writes a `KVCache` of fixed-size sl
 sequence owns one slot holding its self-attention K/V (up to `n_text_ctx` positions) and the
 cross-attention K/V of its window (computed once, right after the encoder). A decoder call works
 on a contiguous range of slots `[start, start + B)`, so that a batch is a view, never a gather.
+
+These forwards are the reference. Variants are other modules swapped in, never flags read here
+(gpt-fast's way): `model/fused.py` (our kernels, FP8 linears, the FP8 cross cache) and
+`model/cpu_linear.py` (float16-weight linears for the CPU step) each return a new module tree that
+shares the unchanged weights and leaves the model it was given as it was (`with_children`).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from streamer.model import cpu_linear
-from streamer.model.cpu_linear import HalfWeightLinear
-
-HALF_LINEARS = ("qkv", "attn_out", "cross_q", "cross_out", "fc1", "fc2")
 CROSS_SCALE_TILE = 128
 """Positions per scale of an FP8 cross cache (= cuda_ops.attention.SCALE_TILE; tests check it)."""
-"""The linears of a decoder block that run per token (cross_kv runs once per window)."""
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def with_children(module: M, **children: nn.Module) -> M:
+    """A copy of `module` with `children` in place of its own: every other parameter, buffer and
+    submodule is shared, not copied, and `module` itself is left as it was (engines may share one
+    loaded model, and a variant must not change what the others run)."""
+    new = copy.copy(module)
+    for name, value in vars(module).items():  # nn.Module's registries (parts, hooks): copied, not shared
+        if isinstance(value, (dict, set)):
+            new.__dict__[name] = copy.copy(value)
+    new._modules.update(children)
+    return new
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,18 @@ def _merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * dh)
 
 
+def cross_qk(q: Tensor, k: Tensor, heads: list[int]) -> Tensor:
+    """Pre-softmax cross-attention logits of `heads`, [B, len(heads), T, S] in float32, from q
+    [B, H, T, Dh] and k [B, H, S, Dh]: computed apart, since SDPA never materialises its weights."""
+    return q[:, heads].float() @ k[:, heads].float().transpose(-1, -2) * q.shape[-1] ** -0.5
+
+
+def project_cross_kv(block: nn.Module, audio_features: Tensor) -> tuple[Tensor, Tensor]:
+    """A decoder block's cross-attention K and V [B, H, 1500, Dh] of `audio_features` [B, 1500, D]."""
+    k, v = block.cross_kv(audio_features).chunk(2, dim=-1)
+    return _split_heads(k, block.n_head), _split_heads(v, block.n_head)
+
+
 class EncoderBlock(nn.Module):
     def __init__(self, d: int, n_head: int):
         super().__init__()
@@ -77,14 +105,9 @@ class EncoderBlock(nn.Module):
         self.mlp_ln = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
-        self.fused = False  # set by streamer.model.fused.apply_precision (CUDA kernels, FP8 sites)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [B, T, D]
-        if self.fused:
-            from streamer.model.fused import encoder_block
-
-            return encoder_block(self, x)
         q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         a = F.scaled_dot_product_attention(*(_split_heads(t, self.n_head) for t in (q, k, v)))
         x = x + self.attn_out(_merge_heads(a))
@@ -111,49 +134,60 @@ class AudioEncoder(nn.Module):
         return self.ln_post(x)
 
 
-class KVCache(nn.Module):
-    """Per-slot decoder state: self-attention K/V and the window's cross-attention K/V.
-
-    Buffers are [slots, heads, positions, head_dim] per layer, allocated once.
-    """
+class LayerKV(nn.Module):
+    """One decoder layer's slots: self-attention K/V [slots, H, n_text_ctx, Dh] and the windows'
+    cross-attention K/V [slots, H, n_audio_ctx, Dh], plus their scales [slots, H, tiles] when the
+    cross K/V are FP8 (e4m3, one scale per slot, head and CROSS_SCALE_TILE positions, written by
+    cuda_ops.cross_kv: they halve the largest read of a decode step)."""
 
     def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_fp8: bool = False):
         super().__init__()
         h, dh = dims.n_text_head, dims.head_dim
-        self.n_slots = n_slots
         self.cross_fp8 = cross_fp8
 
         def make(t, dtype=dtype):
             return torch.zeros(n_slots, h, t, dh, device=device, dtype=dtype)
 
-        # FP8 cross K/V (e4m3, one scale per slot, head and 128 positions: cuda_ops.attention's
-        # SCALE_TILE, written by cuda_ops.cross_kv) halve the largest read of a decode step.
+        # Registered (not persistent: state, not weights), so that `.to()` and `buffers()` see them.
         cross_dtype = torch.float8_e4m3fn if cross_fp8 else dtype
-        self.self_k = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
-        self.self_v = [make(dims.n_text_ctx) for _ in range(dims.n_text_layer)]
-        self.cross_k = [make(dims.n_audio_ctx, cross_dtype) for _ in range(dims.n_text_layer)]
-        self.cross_v = [make(dims.n_audio_ctx, cross_dtype) for _ in range(dims.n_text_layer)]
         tiles = -(-dims.n_audio_ctx // CROSS_SCALE_TILE)
-        ones = [torch.ones(n_slots, h, tiles, device=device) for _ in range(2 * dims.n_text_layer)] if cross_fp8 else []
-        self.cross_k_scale, self.cross_v_scale = ones[::2], ones[1::2]
+        buffers = {"self_k": make(dims.n_text_ctx), "self_v": make(dims.n_text_ctx),
+                   "cross_k": make(dims.n_audio_ctx, cross_dtype), "cross_v": make(dims.n_audio_ctx, cross_dtype),
+                   "cross_k_scale": torch.ones(n_slots, h, tiles, device=device) if cross_fp8 else None,
+                   "cross_v_scale": torch.ones(n_slots, h, tiles, device=device) if cross_fp8 else None}
+        for name, buffer in buffers.items():
+            self.register_buffer(name, buffer, persistent=False)
 
-    def cross(self, layer: int, s: slice) -> tuple:
-        """(k, v, k_scale, v_scale) of slots `s` in `layer`; scales are None for fp16/fp32 K/V."""
+    def self_kv(self, s: slice, kv_len: int) -> tuple[Tensor, Tensor]:
+        """Self-attention K and V of slots `s`, positions [0, kv_len): views the decoder writes into."""
+        return self.self_k[s, :, :kv_len], self.self_v[s, :, :kv_len]
+
+    def cross(self, s: slice) -> tuple:
+        """(k, v, k_scale, v_scale) of slots `s`; the scales are None for fp16/fp32 K/V."""
         if self.cross_fp8:
-            return self.cross_k[layer][s], self.cross_v[layer][s], self.cross_k_scale[layer][s], self.cross_v_scale[layer][s]
-        return self.cross_k[layer][s], self.cross_v[layer][s], None, None
+            return self.cross_k[s], self.cross_v[s], self.cross_k_scale[s], self.cross_v_scale[s]
+        return self.cross_k[s], self.cross_v[s], None, None
+
+
+class KVCache(nn.Module):
+    """Per-slot decoder state, one `LayerKV` per decoder layer, allocated once."""
+
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_fp8: bool = False):
+        super().__init__()
+        self.n_slots = n_slots
+        self.cross_fp8 = cross_fp8
+        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_fp8) for _ in range(dims.n_text_layer))
 
     def move_rows(self, src: Tensor, dst: Tensor) -> None:
         """Copy slots `src` into slots `dst` (compaction when sequences leave; the two disjoint)."""
-        for buffers in (self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_k_scale, self.cross_v_scale):
-            for b in buffers:
-                b[dst] = b[src]
+        for b in self.buffers():
+            b[dst] = b[src]
 
     def copy_slots(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
         """Self-attention K/V of slots `src` into slots `dst` (beam search reordering), positions
         [0, upto) only: the rest is unwritten, and copying all 448 was 12 % of a CPU beam search."""
-        for buffers in (self.self_k, self.self_v):
-            for b in buffers:
+        for layer in self.layers:
+            for b in (layer.self_k, layer.self_v):
                 b[dst, :, :upto] = b[src, :, :upto]
 
     @staticmethod
@@ -161,6 +195,35 @@ class KVCache(nn.Module):
         width = 2 * dims.n_text_head * dims.head_dim
         per_layer = width * dims.n_text_ctx * itemsize + width * dims.n_audio_ctx * (1 if cross_fp8 else itemsize)
         return per_layer * dims.n_text_layer
+
+
+class PassCache:
+    """Decoder state for one pass over whole sequences, without slots (word alignment), with the
+    layer interface of `KVCache`: the self K/V of the pass's own tokens, one buffer that every layer
+    reuses (a layer attends only to its own K/V, written just before), and each layer's cross K/V
+    projected from `audio_features` when the pass reaches it, so that one layer's exist at a time
+    (a KVCache of 8 large-v3 windows would hold ~2 GB of them)."""
+
+    def __init__(self, decoder: "TextDecoder", audio_features: Tensor, n_tokens: int):
+        d = decoder.dims
+        shape = (audio_features.shape[0], d.n_text_head, n_tokens, d.head_dim)
+        self_k = audio_features.new_zeros(shape)
+        self_v = audio_features.new_zeros(shape)
+        self.layers = [_PassLayer(block, audio_features, self_k, self_v) for block in decoder.blocks]
+
+
+@dataclass
+class _PassLayer:
+    block: nn.Module
+    audio_features: Tensor
+    self_k: Tensor
+    self_v: Tensor
+
+    def self_kv(self, s: slice, kv_len: int) -> tuple[Tensor, Tensor]:
+        return self.self_k[s, :, :kv_len], self.self_v[s, :, :kv_len]
+
+    def cross(self, s: slice) -> tuple:
+        return *project_cross_kv(self.block, self.audio_features[s]), None, None
 
 
 class DecoderBlock(nn.Module):
@@ -177,37 +240,41 @@ class DecoderBlock(nn.Module):
         self.mlp_ln = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
-        self.fused = False  # set by streamer.model.fused.apply_precision (CUDA kernels, FP8 sites)
-        # float16-weight copies of the per-token linears for the CPU, by name; set by
-        # `TextDecoder.cpu_half_weights()`.
-        self.half_weights: dict[str, HalfWeightLinear] = {}
 
     def forward(self, x: Tensor, index: tuple[Tensor, Tensor], mask: Tensor, self_k: Tensor, self_v: Tensor,
-                cross: tuple) -> Tensor:
+                cross: tuple, cross_qk_heads: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
         # x: [B, T, D]; index: (row [B, T], position [B, T]) where the new K/V go;
-        # mask: [B, 1, T, n_text_ctx] True where attending is allowed;
-        # self_k/v: this batch's slots, [B, H, n_text_ctx, Dh] views of the cache;
+        # mask: [B, 1, T, kv_len] True where attending is allowed;
+        # self_k/v: this batch's slots, [B, H, kv_len, Dh] views of the cache;
         # cross: (k, v, k_scale, v_scale) of this batch's slots, [B, H, 1500, Dh] (+ [B, H, 12] FP8 scales).
-        if self.fused:
-            from streamer.model.fused import decoder_block
-
-            return decoder_block(self, x, index, mask, self_k, self_v, cross)
+        # Returns (x, the cross-attention logits of `cross_qk_heads`, or None: `cross_qk`).
         cross_k, cross_v, _, _ = cross
-        q, k, v = self._linear("qkv", self.attn_ln(x)).chunk(3, dim=-1)
+        q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.n_head) for t in (q, k, v))
         rows, positions = index
         self_k[rows, :, positions] = k.transpose(1, 2)  # [B, T, H, Dh] at (row, position)
         self_v[rows, :, positions] = v.transpose(1, 2)
         a = _attend(q, self_k, self_v, mask)
-        x = x + self._linear("attn_out", _merge_heads(a))
-        q = _split_heads(self._linear("cross_q", self.cross_ln(x)), self.n_head)
+        x = x + self.attn_out(_merge_heads(a))
+        q = _split_heads(self.cross_q(self.cross_ln(x)), self.n_head)
         a = _attend(q, cross_k, cross_v)
-        x = x + self._linear("cross_out", _merge_heads(a))
-        return x + self._linear("fc2", F.gelu(self._linear("fc1", self.mlp_ln(x))))
+        qk = None if cross_qk_heads is None else cross_qk(q, cross_k, cross_qk_heads)
+        x = x + self.cross_out(_merge_heads(a))
+        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x)))), qk
 
-    def _linear(self, name: str, x: Tensor) -> Tensor:
-        half = self.half_weights.get(name)
-        return getattr(self, name)(x) if half is None else half(x)
+    def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
+        """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`."""
+        if layer.cross_fp8:
+            raise ValueError("an FP8 cross cache is written by the fused blocks (model/fused.py), not the plain ones")
+        layer.cross_k[s], layer.cross_v[s] = project_cross_kv(self, audio_features)
+
+
+class TiedProjection(nn.Module):
+    """The output projection, tied to the token embedding: logits = x @ Eᵀ in float32. It holds no
+    parameter (E is passed in), so that checkpoints and state dicts hold the matrix once."""
+
+    def forward(self, x: Tensor, embedding: Tensor) -> Tensor:
+        return (x @ embedding.t()).float()
 
 
 class TextDecoder(nn.Module):
@@ -219,57 +286,25 @@ class TextDecoder(nn.Module):
         self.register_buffer("positional_embedding", torch.zeros(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
-        # FP8 cross cache: quantised by a pass after cuBLAS's GEMM (False) or in a Triton GEMM's epilogue
-        # (True, A/B); set by streamer.model.fused.apply_precision (PrecisionConfig.cross_kv_epilogue).
-        self.cross_kv_epilogue = False
-        # float16-weight copy of the tied output projection for the CPU, set by `cpu_half_weights()`.
-        self.proj_half: HalfWeightLinear | None = None
-
-    def cpu_half_weights(self) -> bool:
-        """Float16-weight copies of the linears a decoder step reads (`cpu_linear`): half the bytes
-        of a memory-bound step, the same float32 arithmetic. Only where every such weight is a
-        float16 value (true of OpenAI's checkpoints and CTranslate2 bundles), so outputs keep their
-        float32 values; returns whether the copies were made (or were there already: every runner
-        over a shared model calls this)."""
-        if self.proj_half is not None:
-            return True
-        blocks = [b for b in self.blocks if not b.fused]  # a preset's fused path reads its own weights
-        linears = [(b, name) for b in blocks for name in HALF_LINEARS]
-        weights = [self.token_embedding.weight] + [getattr(b, name).weight for b, name in linears]
-        if not cpu_linear.available() or any(w.dtype != torch.float32 or not cpu_linear.exact_in_fp16(w)
-                                             for w in weights):
-            return False
-        for b, name in linears:
-            linear = getattr(b, name)
-            b.half_weights[name] = HalfWeightLinear(linear.weight, linear.bias)
-        self.proj_half = HalfWeightLinear(self.token_embedding.weight)
-        return True
+        self.proj = TiedProjection()
 
     def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
-        b = audio_features.shape[0]
-        s = slice(start, start + b)
-        for i, block in enumerate(self.blocks):
-            if cache.cross_fp8:  # the fp16 projection never reaches memory (cuda_ops/cross_kv.py)
-                from cuda_ops.cross_kv import write_cross_kv_fp8
+        s = slice(start, start + audio_features.shape[0])
+        for block, layer in zip(self.blocks, cache.layers):
+            block.write_cross_kv(audio_features, layer, s)
 
-                out = cache.cross_k[i][s], cache.cross_v[i][s], cache.cross_k_scale[i][s], cache.cross_v_scale[i][s]
-                lin = block.cross_kv
-                if isinstance(lin, nn.Linear) and self.cross_kv_epilogue:
-                    write_cross_kv_fp8(audio_features, lin.weight, lin.bias, *out)
-                else:  # an FP8 linear (or the A/B switch): its output, quantised in one pass
-                    write_cross_kv_fp8(lin(audio_features), None, None, *out)
-                continue
-            k, v = (_split_heads(t, block.n_head) for t in block.cross_kv(audio_features).chunk(2, dim=-1))
-            cache.cross_k[i][s], cache.cross_v[i][s] = k, v
-
-    def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache, kv_len: int | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache | PassCache,
+                kv_len: int | None = None, cross_qk_heads: list[tuple[int, int]] | None = None):
         """Hidden states [B, T, D] of `tokens` [B, T] at `positions` [B, T] in slots [start, start + B).
 
         Each row attends to its own slot's earlier positions (≤ its position), so rows of different
         lengths share one call. Slots are a contiguous range: the batch is a view of the cache.
         `kv_len` (> every position) limits self-attention to the cache's used prefix; without it
         the whole context is read (static shapes, for CUDA graphs).
+        With `cross_qk_heads` ((layer, head) pairs; word alignment) the result is (hidden, qk): the
+        pre-softmax cross-attention logits of those heads [B, len(heads), T, 1500] in float32, in
+        layer order.
         """
         b = tokens.shape[0]
         kv_len = kv_len or self.dims.n_text_ctx
@@ -278,16 +313,21 @@ class TextDecoder(nn.Module):
         key_pos = torch.arange(kv_len, device=tokens.device)
         mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, kv_len]
         s = slice(start, start + b)
-        for i, block in enumerate(self.blocks):
-            x = block(x, (rows, positions), mask, cache.self_k[i][s, :, :kv_len], cache.self_v[i][s, :, :kv_len],
-                      cache.cross(i, s))
-        return x
+        heads_of: dict[int, list[int]] = {}
+        for layer, head in cross_qk_heads or ():
+            heads_of.setdefault(layer, []).append(head)
+        captured = []
+        for i, (block, layer) in enumerate(zip(self.blocks, cache.layers)):
+            x, qk = block(x, (rows, positions), mask, *layer.self_kv(s, kv_len), layer.cross(s), heads_of.get(i))
+            if qk is not None:
+                captured.append(qk)
+        if cross_qk_heads is None:
+            return x
+        return x, torch.cat(captured, dim=1)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        # hidden: [..., D] -> [..., n_vocab] in float32 (the output projection is tied to the embedding)
-        if self.proj_half is not None:
-            return self.proj_half(self.ln(hidden))
-        return (self.ln(hidden) @ self.token_embedding.weight.t()).float()
+        # hidden: [..., D] -> [..., n_vocab] in float32
+        return self.proj(self.ln(hidden), self.token_embedding.weight)
 
 
 class Whisper(nn.Module):

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamer.server")
 
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"  # package data: found in a wheel as in a checkout
 """The browser demo, served at `/`."""
 WS_MAX_SIZE_FACTOR = 2
 """The WebSocket layer refuses messages over this multiple of `max_message_bytes` on its own
@@ -104,8 +104,8 @@ def create_app(settings: Settings, engine: Engine | None = None,
                        core_metrics=lambda: state.engine.core_metrics() if hasattr(state.engine, "core_metrics") else [],
                        cadence=lambda: state.cadence.interval(time.monotonic()))
     webrtc = _webrtc()
-    state = ServerState(settings=settings, engine=engine, vad=SileroVAD(), metrics=metrics_,
-                        ice_servers=webrtc.ice_servers_from_env(os.environ) if webrtc else [])
+    state = ServerState(settings=settings, engine=engine, vad=SileroVAD.shared(), metrics=metrics_,
+                        ice_servers=webrtc.parse_ice_servers(settings.server.webrtc_ice_servers) if webrtc else [])
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
+from streamer.audio import SAMPLE_RATE
 from streamer.audio.decode import AudioDecodeError, StreamResampler, _pcm_dtype, decode_audio
 from streamer.config import StreamingConfig
 from streamer.engine.engine import EngineClosed
@@ -441,7 +442,7 @@ async def listen_file(request: Request) -> JSONResponse:
     except EngineClosed:
         return JSONResponse({"err_code": "SERVICE_UNAVAILABLE", "err_msg": "the server is shutting down",
                              "request_id": request_id}, status_code=503)
-    duration = audio.shape[1] / 16000
+    duration = audio.shape[1] / SAMPLE_RATE
     state.metrics.observe_file(duration * len(transcripts), time.monotonic() - started)
     body_digest = hashlib.sha256(body).hexdigest()
     return JSONResponse(file_response(transcripts, options, engine.model_name, request_id, duration, body_digest))

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 
-from streamer.config import Settings
+from streamer.config import Settings, log_level
 from streamer.engine.core import CoreSpec, run_core
 
 log = logging.getLogger("streamer.server")
@@ -76,7 +76,7 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
     directory (where the other workers relay the connections whose session this one holds),
     engines reached through `EngineClient`."""
     os.setsid()
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=log_level("INFO"),
                         format=f"%(asctime)s %(levelname)s gateway{index}: %(message)s")
     # Resume tokens and Twilio calls name their worker; the others relay to it (server/relay.py).
     settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, worker_id=index,

@@ -13,7 +13,6 @@ import json
 import logging
 import secrets
 import time
-from typing import Mapping
 
 import av
 import numpy as np
@@ -23,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from streamer.audio import SAMPLE_RATE
 from streamer.server.auth import error_body
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S
@@ -43,10 +43,10 @@ MAX_OFFER_BYTES = 256 * 1024
 """Largest offer body (an SDP offer is a few KB): read no further than this."""
 
 
-def ice_servers_from_env(env: Mapping[str, str]) -> list[dict]:
-    """`WEBRTC_ICE_SERVERS`: a JSON list in `RTCPeerConnection`'s `iceServers` format; [] if unset."""
-    raw = env.get("WEBRTC_ICE_SERVERS", "").strip()
-    if not raw:
+def parse_ice_servers(raw: str) -> list[dict]:
+    """`ServerConfig.webrtc_ice_servers` (env `WEBRTC_ICE_SERVERS`): a JSON list in
+    `RTCPeerConnection`'s `iceServers` format; [] if empty."""
+    if not raw.strip():
         return []
     try:
         servers = json.loads(raw)
@@ -88,7 +88,7 @@ class WebRtcStream:
         self.channel = None
         self._pending: list[dict] = []
         """Messages made before the data channel opened."""
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
         self._last_activity = time.monotonic()
         self._ending = False
         self._tasks: set[asyncio.Task] = set()

@@ -38,7 +38,7 @@ from typing import Callable, Union
 
 import numpy as np
 
-from streamer.audio.vad import SAMPLE_RATE
+from streamer.audio import SAMPLE_RATE
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.streaming.cadence import PartialCadence
 from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow

@@ -321,7 +321,7 @@ def _tail(text: str, limit: int) -> str:
 
 def _words(segments: list[Any], offset: float) -> list[dict] | None:
     """Word timings of all segments in stream time, or None when they were not decoded."""
-    if not any(getattr(s, "words", None) for s in segments):
+    if not any(s.words for s in segments):
         return None
     return [
         {"word": w.word, "start": offset + w.start, "end": offset + w.end, "probability": w.probability}

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from cuda_ops.attention import (
     FP8_DTYPE,
     choose_num_splits,
-    decode_attention,
     decode_attention_reference,
     decode_attention_triton,
     dequantize_kv,
@@ -192,11 +191,11 @@ def test_cuda_graph_replay_with_new_lengths():
     """The engine captures the decode step once per batch bucket and replays it as lengths grow."""
     q, k, v, lengths, args = make_case(7, 20, 448, "fp8", True, seed=3)
     out = torch.empty_like(q)
-    decode_attention(q, k, v, lengths, **args, out=out)  # compile before capture
+    decode_attention_triton(q, k, v, lengths, **args, out=out)  # compile before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_attention(q, k, v, lengths, **args, out=out)
+        decode_attention_triton(q, k, v, lengths, **args, out=out)
     for step in range(3):
         lengths.copy_(torch.clamp(lengths + 50 * step, max=448))
         q.copy_(torch.randn_like(q))

@@ -236,11 +236,12 @@ def test_fp8_nan_stays_visible():
 # ---- precision presets -----------------------------------------------------------------------
 
 def test_presets():
-    assert not precision.full_fp16().uses_fp8
+    full = precision.full_fp16()
+    assert full == precision.PrecisionConfig() and "fp8" not in vars(full).values()
     mixed = precision.get_preset("mixed_fp8")
     assert (mixed.encoder_qkv, mixed.encoder_ffn, mixed.cross_kv_cache) == ("fp8",) * 3
     assert (mixed.encoder_out_proj, mixed.decoder_self_qkv, mixed.decoder_cross_q, mixed.decoder_ffn) == ("fp16",) * 4
-    assert not mixed.cross_kv_epilogue and mixed.uses_fp8  # cuBLAS + the quantise pass
+    assert not mixed.cross_kv_epilogue  # cuBLAS + the quantise pass
     aggressive = precision.aggressive_fp8()
     assert aggressive.decoder_self_qkv == aggressive.encoder_out_proj == "fp8"
     assert set(precision.PRESETS) == {"full_fp16", "mixed_fp8", "aggressive_fp8"}
@@ -269,3 +270,5 @@ def test_preset_errors_are_clear():
         precision.PrecisionConfig(encoder_ffn="int8")
     with pytest.raises(ValueError, match="use_fused_layernorm"):
         precision.PrecisionConfig(encoder_ffn="fp8", use_fused_layernorm=False)
+    with pytest.raises(ValueError, match="FP8 cross_kv_cache needs use_fused_layernorm"):
+        precision.PrecisionConfig(cross_kv_cache="fp8", use_fused_layernorm=False)

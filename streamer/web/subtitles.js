@@ -25,14 +25,15 @@ function cues(segments) {
     .filter((cue) => cue.text !== "");
 }
 
-/** SubRip: numbered cues, comma before the milliseconds. */
+/** SubRip: numbered cues, comma before the milliseconds; "-->" in a text would read as a timing line. */
 export function toSrt(segments) {
   return cues(segments)
-    .map((cue, i) => `${i + 1}\n${subtitleTime(cue.start, ",")} --> ${subtitleTime(cue.end, ",")}\n${cue.text}\n`)
+    .map((cue, i) => `${i + 1}\n${subtitleTime(cue.start, ",")} --> ${subtitleTime(cue.end, ",")}\n${cue.text.replaceAll("-->", "->")}\n`)
     .join("\n");
 }
 
-/** WebVTT: header, dot before the milliseconds, and &, <, > escaped (cue text is markup there). */
+/** WebVTT: header, dot before the milliseconds, and &, <, > escaped (cue text is markup there);
+ * streamer/longform/formats.py renders both formats the same way. */
 export function toVtt(segments) {
   const escape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   const body = cues(segments)

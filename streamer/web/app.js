@@ -8,9 +8,6 @@ import { WebRtcTransport } from "./webrtc-transport.js";
 import { WebSocketTransport } from "./ws-transport.js";
 
 const MAX_EVENTS = 200;
-// Whisper's segment times may stray from the VAD's; a speech_stopped this close to a final's
-// span is taken as that utterance's end when the server does not send utterance_id.
-const PAIRING_SLACK_S = 1.0;
 const TRANSPORTS = { websocket: WebSocketTransport, webrtc: WebRtcTransport };
 // Why a socket closed, by close code (docs/protocol.md, "Close codes").
 const CLOSE_REASONS = {
@@ -50,7 +47,6 @@ let modelId = null; // from GET v1/models, then from `ready`
 function newSession() {
   return {
     stoppedAt: new Map(), // utterance_id -> performance.now() at speech_stopped
-    unpairedStops: [], // {t, at} of speech_stopped events without utterance_id, oldest first
     finalised: new Set(), // utterance ids with a final: later partials for them are stale
     partialUtterance: null, // utterance_id of the partial on screen
     latencies: [],
@@ -117,25 +113,10 @@ function showLatency(latencyMs, serverMs) {
 }
 
 // When the speech_stopped of this final's utterance arrived (performance.now()), or null: an
-// utterance cut at its maximum length has none. By utterance_id when the server sends it, else
-// by stream time: the stop nearest the final's end, within its span plus some slack.
+// utterance cut at its maximum length has none.
 function takeStopTime(event) {
-  if (session.stoppedAt.has(event.utterance_id)) {
-    const at = session.stoppedAt.get(event.utterance_id);
-    session.stoppedAt.delete(event.utterance_id);
-    return at;
-  }
-  const stops = session.unpairedStops;
-  const from = (event.start ?? 0) - PAIRING_SLACK_S;
-  const to = (event.end ?? Infinity) + PAIRING_SLACK_S;
-  let best = -1;
-  stops.forEach((stop, i) => {
-    if (stop.t < from || stop.t > to) return;
-    if (best < 0 || Math.abs(stop.t - event.end) < Math.abs(stops[best].t - event.end)) best = i;
-  });
-  if (best < 0) return null;
-  const { at } = stops[best];
-  stops.splice(0, best + 1); // older stops belong to utterances that ended without a final
+  const at = session.stoppedAt.get(event.utterance_id) ?? null;
+  session.stoppedAt.delete(event.utterance_id);
   return at;
 }
 
@@ -154,8 +135,7 @@ function onEvent(event) {
       setStatus("Hearing speech…");
       break;
     case "speech_stopped":
-      if (event.utterance_id != null) session.stoppedAt.set(event.utterance_id, performance.now());
-      else session.unpairedStops.push({ t: event.t, at: performance.now() });
+      session.stoppedAt.set(event.utterance_id, performance.now());
       setStatus("Listening");
       break;
     case "partial":

@@ -2,8 +2,8 @@
 // server as Opus over RTP; events come back on the data channel `events` as the same JSON as on
 // `/v1/stream`. Signalling is one HTTP POST of the complete offer (no trickle ICE).
 
-import { getJson, postJson } from "./api.js";
-import { closeMicrophone, openMicrophone, watchLevel } from "./mic.js";
+import { getJson, parseEvent, postJson } from "./api.js";
+import { Capture } from "./mic.js";
 
 const ICE_GATHERING_TIMEOUT_MS = 5000; // a slow STUN/TURN server must not block the start
 const STOP_TIMEOUT_MS = 15000; // how long to wait for `closed` after sending stop
@@ -41,11 +41,9 @@ function iceGatheringComplete(peer) {
  */
 export class WebRtcTransport {
   #handlers;
-  #context = null;
-  #stream = null;
+  #capture = null;
   #peer = null;
   #channel = null;
-  #stopLevel = null;
   #stopTimer = null;
   #ended = false;
 
@@ -55,14 +53,14 @@ export class WebRtcTransport {
 
   /** Open the microphone, negotiate with the server; `fields` are the start message's fields. */
   async start(fields) {
-    // For the level meter only; created before any await, so the click's activation lets it run.
-    this.#context = new AudioContext();
+    // The context is for the level meter only; made before any await (user activation).
+    const capture = (this.#capture = new Capture());
     try {
-      this.#stream = await openMicrophone();
-      this.#stopLevel = watchLevel(this.#context, this.#context.createMediaStreamSource(this.#stream), this.#handlers.onLevel);
+      await capture.open(this.#handlers.onLevel);
+      const { stream } = capture;
       const peer = new RTCPeerConnection({ iceServers: await iceServers() });
       this.#peer = peer;
-      for (const track of this.#stream.getAudioTracks()) peer.addTrack(track, this.#stream);
+      for (const track of stream.getAudioTracks()) peer.addTrack(track, stream);
       // Created before the offer so that the offer carries the data channel (SCTP) section.
       this.#channel = peer.createDataChannel("events", { ordered: true });
       this.#channel.onmessage = (event) => this.#onMessage(event.data);
@@ -100,21 +98,13 @@ export class WebRtcTransport {
   }
 
   #onMessage(data) {
-    let message;
-    try {
-      message = JSON.parse(data);
-    } catch {
-      message = { type: "error", code: "bad_server_message", message: String(data).slice(0, 200) };
-    }
+    const message = parseEvent(data);
     this.#handlers.onEvent(message);
     if (message.type === "closed") this.#end(1000, message.reason ?? "closed");
   }
 
   #stopCapture() {
-    this.#stopLevel?.();
-    this.#stopLevel = null;
-    closeMicrophone(this.#stream);
-    if (this.#context && this.#context.state !== "closed") this.#context.close();
+    this.#capture?.close();
   }
 
   #release() {

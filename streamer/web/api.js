@@ -29,6 +29,15 @@ export function authHeaders(headers = {}) {
   return apiKey ? { ...headers, Authorization: `Bearer ${apiKey}` } : headers;
 }
 
+/** The event a server text message holds; one that is not JSON becomes an `error` event. */
+export function parseEvent(data) {
+  try {
+    return JSON.parse(data);
+  } catch {
+    return { type: "error", code: "bad_server_message", message: String(data).slice(0, 200) };
+  }
+}
+
 /** The human-readable message of an error response body (OpenAI's `{error: {message}}` or plain text). */
 export function errorMessage(status, bodyText) {
   try {

@@ -23,6 +23,35 @@ export function closeMicrophone(stream) {
 }
 
 /**
+ * One session's capture: an AudioContext, the microphone and its level meter. Construct it in the
+ * click handler, before any await, so that the click's user activation lets the context run.
+ */
+export class Capture {
+  #stopLevel = null;
+
+  constructor() {
+    this.context = new AudioContext();
+    this.stream = null;
+  }
+
+  /** Open the microphone; its source node, whose level goes to `onLevel`. */
+  async open(onLevel) {
+    this.stream = await openMicrophone();
+    const source = this.context.createMediaStreamSource(this.stream);
+    this.#stopLevel = watchLevel(this.context, source, onLevel);
+    return source;
+  }
+
+  /** Release the microphone and the context (again: nothing). */
+  close() {
+    this.#stopLevel?.();
+    this.#stopLevel = null;
+    closeMicrophone(this.stream);
+    if (this.context.state !== "closed") this.context.close();
+  }
+}
+
+/**
  * Report the peak level (0..1) of `source` every 100 ms to `onLevel`; returns a function that stops.
  * An AnalyserNode, not the PCM worklet, so that both transports share it.
  */

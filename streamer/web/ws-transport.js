@@ -2,8 +2,8 @@
 // microphone -> AudioWorklet (16 kHz Int16 frames) -> binary WebSocket messages; events come back
 // as JSON text messages.
 
-import { wsUrl } from "./api.js";
-import { closeMicrophone, openMicrophone, watchLevel } from "./mic.js";
+import { parseEvent, wsUrl } from "./api.js";
+import { Capture } from "./mic.js";
 
 const STOP_TIMEOUT_MS = 15000; // how long to wait for `closed` after sending stop
 const MAX_QUEUED_FRAMES = 64; // ~2 s of 32-ms frames kept while the socket connects
@@ -14,11 +14,9 @@ const MAX_QUEUED_FRAMES = 64; // ~2 s of 32-ms frames kept while the socket conn
  */
 export class WebSocketTransport {
   #handlers;
-  #context = null;
-  #stream = null;
+  #capture = null;
   #socket = null;
   #queue = [];
-  #stopLevel = null;
   #stopTimer = null;
   #ended = false;
 
@@ -28,21 +26,18 @@ export class WebSocketTransport {
 
   /** Open the microphone and the socket, then send `start` with `fields` (language, task, ...). */
   async start(fields) {
-    // Created before any await, so the click's user activation lets it run.
-    this.#context = new AudioContext();
+    const capture = (this.#capture = new Capture()); // before any await (user activation)
     try {
-      this.#stream = await openMicrophone();
-      await this.#context.audioWorklet.addModule(new URL("pcm-worklet.js", import.meta.url));
-      const source = this.#context.createMediaStreamSource(this.#stream);
-      const writer = new AudioWorkletNode(this.#context, "pcm16k-writer", {
+      const source = await capture.open(this.#handlers.onLevel);
+      await capture.context.audioWorklet.addModule(new URL("pcm-worklet.js", import.meta.url));
+      const writer = new AudioWorkletNode(capture.context, "pcm16k-writer", {
         numberOfOutputs: 1,
         outputChannelCount: [1],
       });
       writer.port.onmessage = (event) => this.#sendAudio(event.data);
       // Connected to the speakers only so the graph pulls it; it outputs silence.
-      source.connect(writer).connect(this.#context.destination);
-      this.#stopLevel = watchLevel(this.#context, source, this.#handlers.onLevel);
-      await this.#context.resume();
+      source.connect(writer).connect(capture.context.destination);
+      await capture.context.resume();
     } catch (error) {
       this.#ended = true; // the caller reports the error; no onEnd for a start that failed
       this.#release();
@@ -80,13 +75,7 @@ export class WebSocketTransport {
     };
     socket.onmessage = (event) => {
       if (typeof event.data !== "string") return; // the server sends no binary messages
-      let message;
-      try {
-        message = JSON.parse(event.data);
-      } catch {
-        message = { type: "error", code: "bad_server_message", message: event.data.slice(0, 200) };
-      }
-      this.#handlers.onEvent(message);
+      this.#handlers.onEvent(parseEvent(event.data));
     };
     socket.onclose = (event) => this.#end(event.code, event.reason);
     this.#socket = socket;
@@ -101,10 +90,7 @@ export class WebSocketTransport {
   }
 
   #stopCapture() {
-    this.#stopLevel?.();
-    this.#stopLevel = null;
-    closeMicrophone(this.#stream);
-    if (this.#context && this.#context.state !== "closed") this.#context.close();
+    this.#capture?.close();
   }
 
   #release() {

@@ -94,7 +94,7 @@ def test_silence_and_noise_give_no_words(tiny):
 
 def test_cancel_replace_and_queue_bound(tiny, jfk_path):
     """A newer partial of a session replaces its queued older one; a cancelled window fails with
-    `Cancelled`; past `max_queue` queued windows `submit` refuses at once. The model thread is held
+    `Cancelled`; past its class's share of `max_queue` `submit` refuses at once. The model thread is held
     between steps (`call_soon` runs before the next step) while they queue, so none is admitted."""
     audio = decode_audio(jfk_path)
     gate = threading.Event()
@@ -109,9 +109,13 @@ def test_cancel_replace_and_queue_bound(tiny, jfk_path):
         third.cancel()
         with pytest.raises(Cancelled, match="cancelled"):
             await third.result()
-        queued = [engine.submit(audio, priority=Priority.FILE) for _ in range(3)]  # `second` and these: 4
-        with pytest.raises(QueueFull):
+        # File windows are refused from half the queue (engine/admission.py), finals only when it is full.
+        queued = [engine.submit(audio, priority=Priority.FILE)]  # `second` and this: 2
+        with pytest.raises(QueueFull, match="2 windows queued, file requests are refused from 2"):
             engine.submit(audio, priority=Priority.FILE)
+        queued += [engine.submit(audio, priority=Priority.FINAL) for _ in range(2)]  # 4
+        with pytest.raises(QueueFull, match="4 windows queued, final requests are refused from 4"):
+            engine.submit(audio, priority=Priority.FINAL)
         for handle in queued:
             handle.cancel()
         gate.set()

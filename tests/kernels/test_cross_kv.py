@@ -65,12 +65,14 @@ def make_projection(B, T, H, Dh, dtype, seed=0, layout="contiguous"):
     y = y * (torch.rand(1, 1, N, generator=gen) * 3 + 0.01)
     y[0, :SCALE_TILE, :Dh] = 0  # an all-zero tile of a head: scale 1e-12 / 448, codes 0
     y[-1, -1, -1] = 60000.0 if dtype != torch.bfloat16 else 1e30  # a large amax: no overflow, no NaN
-    y = y.to(dtype)
+    # The layout is made on the device: `.to(device)` of a column slice copies it contiguous (the H200
+    # run of session 6 failed the non-contiguous cases on that, not on the kernel).
+    y = y.to(dtype).to(DEVICE)
     if layout == "wide":  # a column slice of a wider tensor (row stride > 2 H Dh)
-        y = torch.cat([y, torch.randn(B, T, 48, generator=gen).to(dtype)], dim=-1)[..., :N]
+        y = torch.cat([y, torch.randn(B, T, 48, generator=gen).to(dtype).to(DEVICE)], dim=-1)[..., :N]
     elif layout == "time_major":  # [T, B, N] storage seen as [B, T, N]
         y = y.transpose(0, 1).contiguous().transpose(0, 1)
-    return y.to(DEVICE)
+    return y
 
 
 def poisoned_cache(S, H, T, Dh):

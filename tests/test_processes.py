@@ -155,6 +155,15 @@ def test_two_gateways_and_two_cores_serve_streams_and_uploads(served, jfk, jfk_p
             if line.startswith("streamer_engine_core_busy_seconds_total{")}
     assert set(busy) == {"0", "1"} and all(v > 0 for v in busy.values()), busy
     assert "streamer_engine_cores_up 2.0" in metrics
+    # A gateway holds sockets, VAD and sessions, never torch (its memory and start-up are the
+    # engine cores' business): after serving streams and an upload, the
+    # process that answered has not mapped libtorch.
+    gateway = _health(base)["gateway_pid"]
+    with open(f"/proc/{gateway}/maps") as f:
+        assert "libtorch" not in f.read()
+    cores = [c["pid"] for c in _health(base)["engine_cores"]]
+    with open(f"/proc/{cores[0]}/maps") as f:
+        assert "libtorch" in f.read()  # (the check can tell)
 
 
 def test_a_killed_engine_core_fails_its_windows_clearly_and_comes_back(served, jfk):

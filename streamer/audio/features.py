@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streamer.audio import SAMPLE_RATE
+from streamer.audio import HOP_LENGTH, SAMPLE_RATE  # noqa: F401 (HOP_LENGTH: re-export)
 
-HOP_LENGTH = 160  # 10 ms hop: 100 frames per second (= cuda_ops.mel.HOP_LENGTH, whose STFT this is)
 CHUNK_LENGTH = 30  # seconds per window
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE
 

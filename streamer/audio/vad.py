@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from importlib import resources
+import importlib.util
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -62,6 +63,18 @@ class VADState:
     """Frames scored so far; frame i covers samples [i * FRAME, (i + 1) * FRAME)."""
 
 
+def _packaged_model() -> str:
+    """The ONNX file inside the installed silero-vad, found without importing the package (its
+    `__init__` imports torch, which a gateway process has no other use for)."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("silero-vad is not installed: pip install silero-vad")
+    model = Path(list(spec.submodule_search_locations)[0]) / "data" / MODEL_FILE
+    if not model.is_file():
+        raise FileNotFoundError(f"{MODEL_FILE} is not in the installed silero-vad; it ships from silero-vad 6.2.3")
+    return str(model)
+
+
 class SileroVAD:
     """The silero-vad network, loaded once and shared by all streams (thread-safe)."""
 
@@ -71,10 +84,7 @@ class SileroVAD:
         except ImportError as e:
             raise ImportError("silero-vad needs onnxruntime: pip install onnxruntime") from e
         if model_path is None:
-            model = resources.files("silero_vad.data").joinpath(MODEL_FILE)
-            if not model.is_file():
-                raise FileNotFoundError(f"{MODEL_FILE} is not in the installed silero-vad; it ships from silero-vad 6.2.3")
-            model_path = str(model)
+            model_path = _packaged_model()
         options = onnxruntime.SessionOptions()
         # One thread per call: many streams call at once, and a frame is too small to split.
         options.intra_op_num_threads = 1

@@ -6,11 +6,10 @@ after window with the previous text as prompt (`accurate.py`). docs/longform.md 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions
 from streamer.longform.accurate import transcribe_accurate
 from streamer.longform.fast import transcribe_fast
@@ -19,6 +18,10 @@ from streamer.longform.transcript import Transcript, TranscriptSegment
 MODES = ("fast", "accurate")
 
 __all__ = ["MODES", "Transcript", "TranscriptSegment", "transcribe_long"]
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
+
 
 
 async def transcribe_long(engine: Engine, audio: np.ndarray, *, mode: str = "fast",

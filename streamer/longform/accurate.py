@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window
 from streamer.longform.speech import find_speech, heard, left_out
@@ -40,6 +39,10 @@ MAX_PROMPT_TOKENS = 223
 """Whisper's context holds half its 448 positions for the prompt: `<|startofprev|>` and 223 more."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
+
 
 
 def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) -> tuple[list[tuple[float, float, list[int]]], float, int]:

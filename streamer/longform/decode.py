@@ -10,18 +10,24 @@ faster-whisper's 3.9 %).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 import dataclasses
 
 import numpy as np
 
-from streamer.engine.engine import Engine, Handle
+from streamer.engine.handle import Handle
 from streamer.engine.request import DecodeOptions, Priority, Result
 from streamer.engine.scheduler import QueueFull
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 """A recording under way waits for queue room with backoff between these delays."""
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
+
 
 
 async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Handle:

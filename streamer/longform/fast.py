@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from streamer.engine.engine import Engine
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Result
 from streamer.longform.decode import decode_window, detect_language
 from streamer.longform.speech import find_speech, left_out
@@ -30,6 +29,10 @@ from streamer.model.decoding import split_segments
 MAX_IN_FLIGHT = 64
 """Windows of one recording in the engine at once: enough to fill a GPU's batch, while many
 recordings together stay under the engine's queue bound, so live finals are never refused."""
+
+if TYPE_CHECKING:
+    from streamer.engine.engine import Engine
+
 
 
 def plan_windows(speech: list[tuple[int, int]], n_samples: int) -> list[tuple[int, int]]:

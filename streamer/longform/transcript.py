@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from streamer.audio.features import HOP_LENGTH
+from streamer.audio import HOP_LENGTH
 from streamer.engine.request import SAMPLE_RATE, Result
 from streamer.types import Word
 

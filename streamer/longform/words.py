@@ -6,7 +6,7 @@ import numpy as np
 
 from streamer.engine.request import SAMPLE_RATE
 from streamer.longform.transcript import Window
-from streamer.model.alignment import MAX_BATCH, AlignmentItem, words_in_segments
+from streamer.model.timing import MAX_BATCH, AlignmentItem, words_in_segments
 
 
 async def add_word_timestamps(engine, audio: np.ndarray, windows: list[Window], *, language: str | None,

@@ -32,7 +32,7 @@ from starlette.websockets import WebSocket
 from streamer.audio import SAMPLE_RATE
 from streamer.audio.decode import AudioDecodeError, StreamResampler, _pcm_dtype, decode_audio
 from streamer.config import StreamingConfig
-from streamer.engine.engine import EngineClosed
+from streamer.engine.errors import EngineClosed
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import transcribe_long

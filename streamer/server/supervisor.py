@@ -29,8 +29,12 @@ import tempfile
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 from streamer.config import Settings, log_level
-from streamer.engine.core import CoreSpec, run_core
+
+if TYPE_CHECKING:
+    from streamer.engine.core import CoreSpec
 
 log = logging.getLogger("streamer.server")
 
@@ -94,7 +98,9 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
     build_server(app, settings.server.host, port).run(sockets=[sock, peers.listen()])
 
 
-def _core_main(spec: CoreSpec) -> None:
+def _core_main(spec: "CoreSpec") -> None:
+    from streamer.engine.core import run_core  # here: a gateway worker (spawned from this module) imports no torch
+
     os.setsid()
     run_core(spec)
 
@@ -107,6 +113,8 @@ class Supervisor:
         self.ctx = multiprocessing.get_context("spawn")
         self.rundir = tempfile.mkdtemp(prefix="streamer-")
         devices = engine_devices(settings.model.device)
+        from streamer.engine.core import CoreSpec
+
         self.specs = [CoreSpec(index=i, model=dataclasses.replace(settings.model, device=d), engine=settings.engine,
                                input_address=f"ipc://{self.rundir}/core{i}-in",
                                output_address=f"ipc://{self.rundir}/core{i}-out")

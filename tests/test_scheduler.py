@@ -47,8 +47,9 @@ def make(rid, priority=PARTIAL, *, session=None, deadline=None, arrival=0.0, bea
     )
 
 
-def scheduler(max_slots=8, max_encoder_batch=8, max_queue=100, fraction=0.5) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_slots, max_encoder_batch, max_queue, fraction))
+def scheduler(max_slots=8, max_encoder_batch=8, max_queue=100, fraction=0.5, early_s=float("inf")) -> Scheduler:
+    """(Deadlines here are small numbers against now=0: the early-window rule is off unless asked.)"""
+    return Scheduler(SchedulerConfig(max_slots, max_encoder_batch, max_queue, fraction, early_s=early_s))
 
 
 def step(s: Scheduler, now=0.0, finished=(), failed=None) -> StepPlan:
@@ -579,7 +580,7 @@ def test_random_simulation_keeps_invariants(seed):
 
 
 def test_while_a_final_decodes_a_step_admits_few_other_windows():
-    s = Scheduler(SchedulerConfig(max_slots=64, max_encoder_batch=8, encode_while_finals=2))
+    s = Scheduler(SchedulerConfig(max_slots=64, max_encoder_batch=8, encode_while_finals=2, early_s=float("inf")))
     for i in range(20):
         s.add(make(f"p{i}", PARTIAL, session=f"s{i}", deadline=1.0 + i))
     s.add(make("f", FINAL, session="x", deadline=5.0))
@@ -640,3 +641,25 @@ def test_a_batch_in_its_encoder_pass_across_steps_holds_back_new_admissions():
         s.update(StepOutput())
     s.update(StepOutput(encoded=["f"], finished=["a2"]))
     assert s.free_slots == 8 - 2
+
+
+def test_a_client_ahead_of_real_time_waits_for_the_others_and_never_shares_their_batch():
+    """Live windows due more than `early_s` ahead (a client sending faster than real time) rank
+    after every window that is due, file chunks too, and are not encoded in a batch with them; with
+    nothing else queued they are served at once (the engine stays work-conserving)."""
+    s = scheduler(max_slots=8, max_encoder_batch=4, early_s=1.0)
+    s.add(make("fast-final", FINAL, session="F", deadline=30.0))  # 30 s ahead of now=0
+    s.add(make("fast-partial", PARTIAL, session="F", deadline=29.0))
+    s.add(make("slow-partial", PARTIAL, session="S", deadline=0.5))
+    s.add(make("file", FILE, deadline=5.0))
+    plan = step(s)
+    assert [r.id for r in plan.encode] == ["slow-partial", "file"]  # the due ones; no early one joins
+    plan = step(s)
+    assert [r.id for r in plan.encode] == ["fast-final", "fast-partial"]  # then the early ones, at once
+    s.add(make("fast-final2", FINAL, session="F", deadline=31.0))
+    s.add(make("slow-final", FINAL, session="S", deadline=0.9))
+    plan = step(s, now=0.0)
+    assert [r.id for r in plan.encode] == ["slow-final"]
+    # Time passes: a window within `early_s` of its deadline is an ordinary one again.
+    plan = step(s, now=30.5)
+    assert [r.id for r in plan.encode] == ["fast-final2"]

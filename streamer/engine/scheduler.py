@@ -28,6 +28,10 @@ Rules:
 - Within a class, the earliest deadline goes first: live windows carry the wall time at which
   their audio ended at real-time pace, so a client that sends faster than real time queues
   behind the windows of the others instead of pushing their finals back.
+- Early windows: a live window whose deadline is more than `early_s` ahead (its client is that far
+  ahead of real time) ranks after every window that is not, and is never encoded in one batch
+  with one: a fast sender gets the engine when the others leave it free, and its encoder passes do
+  not lengthen theirs (on the CPU a batch of two costs about twice one).
 - Queue bound: `add()` refuses a request once the queue is filled to its class's share
   (`engine/admission.py`: finals the whole `max_queue`, partials and file windows half of it), so
   that finals keep room. A partial that replaces its session's queued partial does not grow the
@@ -70,6 +74,8 @@ class SchedulerConfig:
     """File windows are refused from this fraction: uploads never take the room of live finals."""
     stream_queue_fraction: float = 0.5
     """New live streams are refused from this fraction (when partials are refused already)."""
+    early_s: float = 1.0
+    """A live window due more than this far ahead ranks after the others (see the module doc)."""
     encode_while_finals: int = 1
     """Windows other than finals admitted per step while a final decodes. H200, tiny.en, 400
     live streams: p95 finalisation 1.17 s with 4 (of 16), 0.91 s with 1; partials then come
@@ -242,6 +248,8 @@ class Scheduler:
             if heap is None:
                 break
             request = heap[0][3]
+            if self._early(heap[0], now) and any(not self._early_request(r, now) for r in plan.encode):
+                break  # every request left is early: none joins a batch of due ones
             if request.priority is not Priority.FINAL:
                 if finals_decoding and others >= self.config.encode_while_finals:
                     break  # finals rank first, so every request left is of another class
@@ -318,12 +326,20 @@ class Scheduler:
                 self._heap_entries -= 1
             if heap:
                 deadline, arrival, sequence, _ = heap[0]
-                # Aging; the top of a heap has its earliest deadline, so it is the one that is due.
+                # Aging; the top of a heap has its earliest deadline, so it is the one that is due
+                # (and if it is early, so is every request under it).
                 rank = min(priority, Priority.PARTIAL) if deadline <= now else priority
-                key = (rank, deadline, arrival, sequence)
+                key = (self._early(heap[0], now), rank, deadline, arrival, sequence)
                 if best is None or key < best[0]:
                     best = (key, heap)
         return None if best is None else best[1]
+
+    def _early(self, entry: _Entry, now: float) -> bool:
+        return self._early_request(entry[3], now)
+
+    def _early_request(self, request: Request, now: float) -> bool:
+        """A live window whose client is more than `early_s` ahead of real time."""
+        return request.priority is not Priority.FILE and request.deadline > now + self.config.early_s
 
     def _preempt_for(self, n_slots: int, plan: StepPlan) -> bool:
         """Evict the newest running partials until `n_slots` are free; False (and no eviction)

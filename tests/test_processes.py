@@ -27,6 +27,7 @@ import pytest
 import websockets
 
 from streamer.audio.decode import decode_audio
+from streamer.loadtest.client import stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 240
@@ -78,13 +79,7 @@ def served():
         _wait_healthy(base, proc)
         yield base, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc, 90)
 
 
 async def _recv(ws, timeout: float = 120) -> dict:

@@ -32,6 +32,7 @@ from websockets.asyncio.client import unix_connect
 import streamer.client
 from streamer.audio import g711
 from streamer.audio.decode import decode_audio
+from streamer.loadtest.client import stop_server
 from streamer.client import StreamClient
 from test_callcenter import JFK, finals_text, s16, to_8k, twilio_messages, wer
 from test_processes import STARTUP_S, _free_port
@@ -73,13 +74,7 @@ def _serve(tmp: Path, **env_vars: str):
             time.sleep(0.5)
         yield f"{'wss' if tls else 'ws'}://127.0.0.1:{port}", sockets, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc, 90)
 
 
 @pytest.fixture(scope="module")

@@ -386,12 +386,19 @@ def spawned_server(model: str, device: str | None, workers: int | None = None, e
             raise RuntimeError("the server did not become healthy")
         yield f"ws://127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc, 60)
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM (the server drains: open utterances get their finals), then SIGKILL after `grace_s`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50", "final_p95", "final_p99",

@@ -13,8 +13,8 @@ import torch
 from streamer.audio.decode import decode_audio
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions
-from streamer.model.alignment import (AlignmentItem, WordTiming, dtw, find_word_timings, median_filter,
-                                      merge_punctuation, words_in_segments)
+from streamer.model.alignment import dtw, find_word_timings, median_filter, merge_punctuation
+from streamer.model.timing import AlignmentItem, WordTiming, words_in_segments
 from streamer.model.weights import load_model
 
 TOLERANCE_S = 0.3

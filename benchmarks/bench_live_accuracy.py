@@ -258,7 +258,10 @@ def main() -> None:
 
     # Faster than real time the engine runs behind the audio; a client that has sent everything and
     # waits for its last finals must not meet the server's idle timeout.
-    settings = load_settings({"MODEL_ID": args.model, "IDLE_TIMEOUT_S": "3600"})
+    # And the server reads the socket however far the engine is behind (MAX_BACKLOG_S=0): with its
+    # read paused, the client's pongs queue behind audio and uvicorn's keepalive (20 s) closes the
+    # stream with 1011 (found here on the 15-minute join at 4x on the loaded CPU).
+    settings = load_settings({"MODEL_ID": args.model, "IDLE_TIMEOUT_S": "3600", "MAX_BACKLOG_S": "0"})
     engine = Engine.load(ModelConfig(model=args.model, device="cpu"), settings.engine)
     offline = [s for s in args.offline.split(",") if s in OFFLINE]
     fw = None

@@ -16,7 +16,7 @@ from streamer.config import EngineConfig
 from streamer.engine.engine import Engine
 from streamer.engine.request import SAMPLE_RATE
 from streamer.longform import Transcript, TranscriptSegment, transcribe_long
-from streamer.longform.accurate import complete_segments, cut_at_skipped_speech, segment_pieces
+from streamer.longform.accurate import complete_segments, cut_at_skipped_speech, echoes, segment_pieces
 from streamer.longform.fast import plan_windows
 from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
 from streamer.longform.speech import left_out, speech_seconds
@@ -86,6 +86,17 @@ def test_a_window_is_cut_where_the_model_skipped_speech_between_segments(tok):
     # A segment over audio the VAD hears nothing in (invented text in a noise gap) does not count as
     # the far side of a gap.
     assert cut_at_skipped_speech(pieces, [(start, start + 3 * s), (start + 7 * s, start + 9 * s)], start, tok) is None
+
+
+def test_a_window_that_opens_with_the_previous_segment_echoes_its_prompt(tok):
+    """base on a messy Spanish join wrote the prompt's last sentence again over the next speech."""
+    previous = " Por favor ingrese su contraseña de nuevo y presione la tecla de número."
+    again = [ts(tok, 0.0), *tok.encode(" por favor, ingrese su contraseña de nuevo y presione la tecla de número"), ts(tok, 4.0)]
+    other = [ts(tok, 0.0), *tok.encode(" Por favor espere mientras enlazo su llamada."), ts(tok, 3.0)]
+    assert echoes(previous, again, tok)
+    assert not echoes(previous, other, tok)
+    assert not echoes(" Press 1.", [ts(tok, 0.0), *tok.encode(" Press 1. Press 2."), ts(tok, 2.0)], tok)  # too short to tell
+    assert not echoes("", other, tok)
 
 
 # --- fast: where the windows go --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import string
 from typing import Callable
 
 import numpy as np
@@ -38,6 +39,9 @@ PROMPT_RESET_TEMPERATURE = 0.5
 """A window that needed a hotter retry than this is likely garbled: do not feed it as prompt."""
 MAX_PROMPT_TOKENS = 223
 """Whisper's context holds half its 448 positions for the prompt: `<|startofprev|>` and 223 more."""
+ECHO_MIN_WORDS = 4
+"""A window whose text opens with the previous window's last segment word for word (this many
+words or more) may be echoing its prompt: it is decoded again without one (`echoes`)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
 
@@ -100,6 +104,21 @@ def cut_at_skipped_speech(pieces: list[tuple[float, float, list[int], int]], spe
     return None
 
 
+def _words(text: str) -> list[str]:
+    return [w for w in (w.strip(string.punctuation + "¿¡«»").lower() for w in text.split()) if w]
+
+
+def echoes(previous: str, tokens: list[int], tokenizer: Tokenizer) -> bool:
+    """The window's decoded `tokens` open with `previous` (the last kept segment's text) word for
+    word, `ECHO_MIN_WORDS` words or more: conditioned on its own output, Whisper repeats the prompt's
+    last sentence over the next speech now and then (base, messy Spanish join: "Por favor ingrese su
+    contraseña de nuevo..." written again over "Por favor espere mientras enlazo su llamada", and
+    three times over the next prompt after a 12-s pause)."""
+    before = _words(previous)
+    now = _words(tokenizer.decode([t for t in tokens if t < tokenizer.eot]))
+    return len(before) >= ECHO_MIN_WORDS and now[:len(before)] == before
+
+
 async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
                               on_progress: Callable[[float], None] | None = None,
                               on_segments: Callable[[list[TranscriptSegment]], None] | None = None) -> Transcript:
@@ -116,6 +135,7 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
     beam_size = options.beam_size if options.beam_size > 1 else BEAM_SIZE
     windows: list[Window] = []
     seek, next_speech = 0, 0
+    previous = ""  # the text of the last kept segment
     while True:
         # Jump over audio without speech: it is never decoded (no hallucinations on silence).
         while next_speech < len(speech) and speech[next_speech][1] <= seek:
@@ -129,6 +149,14 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         opts = dataclasses.replace(options, timestamps=True, language=language, prompt=None, beam_size=beam_size,
                                    prompt_tokens=tuple(prompt[-MAX_PROMPT_TOKENS:]) or None)
         result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
+        v = result.verdict
+        if opts.prompt_tokens and not v.silence and (v.loop or v.repetition or echoes(previous, result.tokens, tok)):
+            # Decoded with a prompt, the text loops, repeats itself or echoes the prompt: decode the
+            # window again without it (the live rule for finals too) and start the context afresh.
+            # A repetition that the unprompted decode keeps is speech.
+            result = await decode_window(engine, audio[seek:seek + window.length],
+                                         dataclasses.replace(opts, prompt_tokens=None), started=True)
+            prompt = []
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
         # Silence: skip the stretch of speech the window starts in, not the whole window (openai
@@ -144,6 +172,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             resume = left_out(speech, window)
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)
+            if window.segments:
+                previous = window.segments[-1].text
             if result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []
             elif window.segments:

@@ -67,3 +67,56 @@ def messy_join(language: str, minutes: float, seed: int = 0) -> tuple[str, np.nd
     audio = audio + _noise(rng, len(audio), FLOOR_RMS)
     name = f"messy_{language}_{minutes:g}min_s{seed}"
     return name, audio.astype(np.float32), " ".join(t for _, _, t in spans), spans
+
+
+def errors_by_prompt(spans: list[tuple[float, float, str]], hypothesis: str, language: str) -> dict[int, list[tuple]]:
+    """Word errors of `hypothesis` against the join's reference, per prompt (index into `spans`):
+    [('sub'|'del', reference words, hypothesis words) | ('ins', hypothesis words)], after Whisper's
+    normaliser; an insertion counts for the prompt whose reference word follows it."""
+    import jiwer
+
+    from common import normalizer
+
+    norm = normalizer(language)
+    words, owner = [], []
+    for i, (_, _, text) in enumerate(spans):
+        w = norm(text).split()
+        words += w
+        owner += [i] * len(w)
+    hyp = norm(hypothesis).split()
+    out: dict[int, list[tuple]] = {}
+    for chunk in jiwer.process_words(" ".join(words), " ".join(hyp)).alignments[0]:
+        if chunk.type == "equal":
+            continue
+        i = owner[min(chunk.ref_start_idx, len(owner) - 1)]
+        got = " ".join(hyp[chunk.hyp_start_idx:chunk.hyp_end_idx])
+        out.setdefault(i, []).append(("ins", got) if chunk.type == "insert"
+                                     else (chunk.type[:3], " ".join(words[chunk.ref_start_idx:chunk.ref_end_idx]), got))
+    return out
+
+
+def main() -> None:
+    """Per-prompt word errors of the transcripts in bench_live_accuracy JSON files on one join:
+    where the extra and missing words are (after long pauses, noise gaps, window cuts)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("results", nargs="+", help="JSON files with runs: [{'file', 'system', 'text'}]")
+    parser.add_argument("--join", default="en-8-0", help="LANG-MINUTES-SEED")
+    args = parser.parse_args()
+    language, minutes, seed = args.join.split("-")
+    name, _, _, spans = messy_join(language, float(minutes), int(seed))
+    texts = {r["system"]: r["text"] for f in args.results for r in json.load(open(f))["runs"] if r["file"] == name}
+    errors = {system: errors_by_prompt(spans, text, language) for system, text in texts.items()}
+    for i, (start, end, text) in enumerate(spans):
+        if any(i in e for e in errors.values()):
+            pause = start - (spans[i - 1][1] if i else 0.0)
+            print(f"#{i} {start:.1f}-{end:.1f} s, pause before {pause:.1f} s | {text}")
+            for system, e in errors.items():
+                if i in e:
+                    print(f"    {system}: {e[i]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -20,7 +20,7 @@ from streamer.config import EngineConfig
 from streamer.engine.engine import Engine
 from streamer.engine.request import SAMPLE_RATE
 from streamer.longform import Transcript, TranscriptSegment, transcribe_long
-from streamer.longform.accurate import complete_segments
+from streamer.longform.accurate import complete_segments, cut_at_skipped_speech, echoes, segment_pieces
 from streamer.longform.fast import plan_windows
 from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
 from streamer.longform.speech import left_out, speech_seconds
@@ -69,6 +69,38 @@ def test_complete_segments_without_pairs_take_the_whole_window(tok):
     a = tok.encode(" Only text.")
     assert complete_segments([ts(tok, 0.0), *a, ts(tok, 4.0)], tok, 9.0) == ([(0.0, 4.0, a)], 9.0, len(a) + 2)
     assert complete_segments([ts(tok, 0.0), *a], tok, 9.0) == ([(0.0, 9.0, a)], 9.0, len(a) + 1)
+
+
+def test_a_window_is_cut_where_the_model_skipped_speech_between_segments(tok):
+    """"Comedian Mail. Mailbox?" (7-9.5 s into the window) was skipped between two segments on a
+    messy join: the seek stops before the gap so that the next window starts on it."""
+    s = SAMPLE_RATE
+    a, b = tok.encode(" Something is terribly wrong."), tok.encode(" After the tone, say your message.")
+    tokens = [ts(tok, 0.0), *a, ts(tok, 6.0), ts(tok, 14.0), *b, ts(tok, 26.0)]
+    pieces, advance = segment_pieces(tokens, tok, 30.0)
+    assert [p[:3] for p in pieces] == [(0.0, 6.0, a), (14.0, 26.0, b)] and advance == 30.0
+    start = 400 * s
+    skipped = [(start, start + 3 * s), (start + 7 * s, start + 9 * s + s // 2), (start + 20 * s, start + 26 * s)]
+    keep = cut_at_skipped_speech(pieces, skipped, start, tok)
+    assert keep == 1 and pieces[keep - 1][1] == 6.0 and pieces[keep - 1][3] == len(a) + 2  # prompt: the kept segment
+    heard_all = [(start, start + 3 * s), (start + 20 * s, start + 26 * s)]
+    assert cut_at_skipped_speech(pieces, heard_all, start, tok) is None  # a pause between segments
+    padding = [(start, start + 6 * s + s // 4), (start + 14 * s - s // 4, start + 26 * s)]
+    assert cut_at_skipped_speech(pieces, padding, start, tok) is None  # VAD padding is not skipped speech
+    # A segment over audio the VAD hears nothing in (invented text in a noise gap) does not count as
+    # the far side of a gap.
+    assert cut_at_skipped_speech(pieces, [(start, start + 3 * s), (start + 7 * s, start + 9 * s)], start, tok) is None
+
+
+def test_a_window_that_opens_with_the_previous_segment_echoes_its_prompt(tok):
+    """base on a messy Spanish join wrote the prompt's last sentence again over the next speech."""
+    previous = " Por favor ingrese su contraseña de nuevo y presione la tecla de número."
+    again = [ts(tok, 0.0), *tok.encode(" por favor, ingrese su contraseña de nuevo y presione la tecla de número"), ts(tok, 4.0)]
+    other = [ts(tok, 0.0), *tok.encode(" Por favor espere mientras enlazo su llamada."), ts(tok, 3.0)]
+    assert echoes(previous, again, tok)
+    assert not echoes(previous, other, tok)
+    assert not echoes(" Press 1.", [ts(tok, 0.0), *tok.encode(" Press 1. Press 2."), ts(tok, 2.0)], tok)  # too short to tell
+    assert not echoes("", other, tok)
 
 
 # --- fast: where the windows go --------------------------------------------------------------------------

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import string
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window
-from streamer.longform.speech import find_speech, heard, left_out
+from streamer.longform.speech import UNHEARD_SPEECH_S, find_speech, heard, left_out, speech_seconds
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -37,12 +38,38 @@ PROMPT_RESET_TEMPERATURE = 0.5
 """A window that needed a hotter retry than this is likely garbled: do not feed it as prompt."""
 MAX_PROMPT_TOKENS = 223
 """Whisper's context holds half its 448 positions for the prompt: `<|startofprev|>` and 223 more."""
+ECHO_MIN_WORDS = 4
+"""A window whose text opens with the previous window's last segment word for word (this many
+words or more) may be echoing its prompt: it is decoded again without one (`echoes`)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
 
 if TYPE_CHECKING:
     from streamer.engine.engine import Engine
 
+
+
+def segment_pieces(tokens: list[int], tokenizer: Tokenizer, window_s: float) -> tuple[list[tuple[float, float, list[int], int]], float]:
+    """(start, end, text tokens, end index into `tokens`) of the segments to keep from a window's
+    sampled `tokens`, and how far (seconds) to advance the seek; see `complete_segments`."""
+    tb = tokenizer.timestamp_begin
+    is_ts = [t >= tb for t in tokens]
+    single_ending = len(tokens) >= 2 and is_ts[-2:] == [False, True]
+    pairs = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+    if pairs:
+        cuts = pairs + ([len(tokens)] if single_ending else [])
+        pieces, last = [], 0
+        for cut in cuts:
+            piece = tokens[last:cut]
+            pieces.append((tokenizer.time_of(piece[0]) if is_ts[last] else 0.0, tokenizer.time_of(piece[-1]),
+                           [t for t in piece if t < tokenizer.eot], cut))
+            last = cut
+        advance = window_s if single_ending else tokenizer.time_of(tokens[last - 1])
+        return pieces, advance
+    stamps = [t for t in tokens if t >= tb]
+    end = tokenizer.time_of(stamps[-1]) if stamps and stamps[-1] != tb else window_s
+    return [(tokenizer.time_of(stamps[0]) if stamps and is_ts[0] else 0.0, end, [t for t in tokens if t < tokenizer.eot],
+             len(tokens))], window_s
 
 
 def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) -> tuple[list[tuple[float, float, list[int]]], float, int]:
@@ -54,23 +81,45 @@ def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) 
     the seek stops at the last complete segment. Without any pair, the whole text is one segment up
     to its last timestamp (or the window's end) and the whole window is consumed.
     """
-    tb = tokenizer.timestamp_begin
-    is_ts = [t >= tb for t in tokens]
-    single_ending = len(tokens) >= 2 and is_ts[-2:] == [False, True]
-    pairs = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-    if pairs:
-        cuts = pairs + ([len(tokens)] if single_ending else [])
-        spans, last = [], 0
-        for cut in cuts:
-            piece = tokens[last:cut]
-            spans.append((tokenizer.time_of(piece[0]) if is_ts[last] else 0.0, tokenizer.time_of(piece[-1]),
-                          [t for t in piece if t < tokenizer.eot]))
-            last = cut
-        advance = window_s if single_ending else tokenizer.time_of(tokens[last - 1])
-        return spans, advance, last
-    stamps = [t for t in tokens if t >= tb]
-    end = tokenizer.time_of(stamps[-1]) if stamps and stamps[-1] != tb else window_s
-    return [(tokenizer.time_of(stamps[0]) if stamps and is_ts[0] else 0.0, end, [t for t in tokens if t < tokenizer.eot])], window_s, len(tokens)
+    pieces, advance = segment_pieces(tokens, tokenizer, window_s)
+    return [p[:3] for p in pieces], advance, pieces[-1][3] if pieces else 0
+
+
+def cut_at_skipped_speech(pieces: list[tuple[float, float, list[int], int]], speech: list[tuple[int, int]], start: int,
+                          tokenizer: Tokenizer) -> int | None:
+    """How many of a window's `pieces` (window-relative seconds; the window starts at sample
+    `start`) to keep when the model skipped speech between two of its segments: the index after
+    the last segment before the first gap between text segments that holds `UNHEARD_SPEECH_S` of
+    speech or more (by the VAD), or None when no gap does.
+
+    Whisper skips a short utterance between long pauses now and then (more so once its timestamps
+    have coarsened to whole seconds, as tiny.en's do after a few conditioned windows): on a messy
+    join, "Comedian Mail. Mailbox?" in the 8-s gap between "Something is terribly wrong." and the
+    next segment was lost. The seek then stops at the segment before the gap, so that the next
+    window starts on the skipped speech."""
+    def speech_in(a: float, b: float) -> float:
+        return speech_seconds(speech, start + round(a * SAMPLE_RATE), start + round(b * SAMPLE_RATE))
+
+    spoken = [i for i, (a, b, text, _) in enumerate(pieces) if b > a and tokenizer.decode(text).strip() and speech_in(a, b) > 0]
+    for i, j in zip(spoken, spoken[1:]):
+        if speech_in(pieces[i][1], pieces[j][0]) >= UNHEARD_SPEECH_S:
+            return i + 1
+    return None
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in (w.strip(string.punctuation + "¿¡«»").lower() for w in text.split()) if w]
+
+
+def echoes(previous: str, tokens: list[int], tokenizer: Tokenizer) -> bool:
+    """The window's decoded `tokens` open with `previous` (the last kept segment's text) word for
+    word, `ECHO_MIN_WORDS` words or more: conditioned on its own output, Whisper repeats the prompt's
+    last sentence over the next speech now and then (base, messy Spanish join: "Por favor ingrese su
+    contraseña de nuevo..." written again over "Por favor espere mientras enlazo su llamada", and
+    three times over the next prompt after a 12-s pause)."""
+    before = _words(previous)
+    now = _words(tokenizer.decode([t for t in tokens if t < tokenizer.eot]))
+    return len(before) >= ECHO_MIN_WORDS and now[:len(before)] == before
 
 
 async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
@@ -89,6 +138,7 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
     beam_size = options.beam_size if options.beam_size > 1 else BEAM_SIZE
     windows: list[Window] = []
     seek, next_speech = 0, 0
+    previous = ""  # the text of the last kept segment
     while True:
         # Jump over audio without speech: it is never decoded (no hallucinations on silence).
         while next_speech < len(speech) and speech[next_speech][1] <= seek:
@@ -102,17 +152,31 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         opts = dataclasses.replace(options, timestamps=True, language=language, prompt=None, beam_size=beam_size,
                                    prompt_tokens=tuple(prompt[-MAX_PROMPT_TOKENS:]) or None)
         result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
+        v = result.verdict
+        if opts.prompt_tokens and not v.silence and (v.loop or v.repetition or echoes(previous, result.tokens, tok)):
+            # Decoded with a prompt, the text loops, repeats itself or echoes the prompt: decode the
+            # window again without it (the live rule for finals too) and start the context afresh.
+            # A repetition that the unprompted decode keeps is speech.
+            result = await decode_window(engine, audio[seek:seek + window.length],
+                                         dataclasses.replace(opts, prompt_tokens=None), started=True)
+            prompt = []
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
         # Silence: skip the stretch of speech the window starts in, not the whole window (openai
         # skips 30 s: with pauses and noise between stretches, speech after them was lost).
         advance = max(TIME_PRECISION, (speech[next_speech][1] - seek) / SAMPLE_RATE)
         if not result.verdict.silence:
-            spans, advance, consumed = complete_segments(result.tokens, tok, window_s)
+            pieces, advance = segment_pieces(result.tokens, tok, window_s)
+            keep = cut_at_skipped_speech(pieces, speech, seek, tok)
+            if keep is not None:  # the model skipped speech: the next window starts on it
+                pieces, advance = pieces[:keep], pieces[keep - 1][1]
+            spans, consumed = [p[:3] for p in pieces], pieces[-1][3] if pieces else 0
             window.segments = heard(speech, make_segments(spans, result, tok, window))
             resume = left_out(speech, window)
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)
+            if window.segments:
+                previous = window.segments[-1].text
             if result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []
             elif window.segments:

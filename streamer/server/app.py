@@ -183,6 +183,11 @@ def build_server(app: Starlette, host: str, port: int) -> GracefulServer:
         # No permessage-deflate: PCM barely compresses, and inflating every audio message was 3 %
         # of the event loop's time at 128 streams (and deflating them half of the load client's).
         ws_per_message_deflate=False,
+        # No keepalive pings from the server: while a stream's socket is not read (backpressure,
+        # MAX_BACKLOG_S) the client's pong waits behind its audio in TCP's buffers, and uvicorn's
+        # 20-s ping timeout closed such streams with 1011 (a 15-min file sent at 4x, twice). A
+        # silent client is closed by IDLE_TIMEOUT_S; a dropped one resumes.
+        ws_ping_interval=None, ws_ping_timeout=None,
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5, log_level="info",
         ssl_certfile=settings.server.ssl_certfile, ssl_keyfile=settings.server.ssl_keyfile)
     redact.install()  # after uvicorn.Config: it (re)configures the logging handlers

@@ -654,11 +654,13 @@ def test_a_client_ahead_of_real_time_waits_for_the_others_and_never_shares_their
     s.add(make("file", FILE, deadline=5.0))
     plan = step(s)
     assert [r.id for r in plan.encode] == ["slow-partial", "file"]  # the due ones; no early one joins
+    plan = step(s, finished=["slow-partial", "file"])
+    assert plan.encode == []  # nor runs beside them while they decode
     plan = step(s)
     assert [r.id for r in plan.encode] == ["fast-final", "fast-partial"]  # then the early ones, at once
     s.add(make("fast-final2", FINAL, session="F", deadline=31.0))
     s.add(make("slow-final", FINAL, session="S", deadline=0.9))
-    plan = step(s, now=0.0)
+    plan = step(s, now=0.0, finished=["fast-final", "fast-partial"])
     assert [r.id for r in plan.encode] == ["slow-final"]
     # Time passes: a window within `early_s` of its deadline is an ordinary one again.
     plan = step(s, now=30.5)

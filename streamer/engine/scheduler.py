@@ -29,9 +29,10 @@ Rules:
   their audio ended at real-time pace, so a client that sends faster than real time queues
   behind the windows of the others instead of pushing their finals back.
 - Early windows: a live window whose deadline is more than `early_s` ahead (its client is that far
-  ahead of real time) ranks after every window that is not, and is never encoded in one batch
-  with one: a fast sender gets the engine when the others leave it free, and its encoder passes do
-  not lengthen theirs (on the CPU a batch of two costs about twice one).
+  ahead of real time) ranks after every window that is not, and is admitted only while no window
+  that is due is queued, encoding or decoding: a fast sender gets the engine when the others leave
+  it free, and its passes neither lengthen theirs nor share their decode steps (on the CPU a batch
+  of two costs about twice one).
 - Queue bound: `add()` refuses a request once the queue is filled to its class's share
   (`engine/admission.py`: finals the whole `max_queue`, partials and file windows half of it), so
   that finals keep room. A partial that replaces its session's queued partial does not grow the
@@ -242,14 +243,15 @@ class Scheduler:
         self._releasing.clear()
         finals_decoding = any(r.priority is Priority.FINAL for r in self._live.values())
         plan.encoding = [i for i, r in self._live.items() if r.state is RequestState.ENCODING]
+        due_live = any(not self._early_request(r, now) for r in self._live.values())
         others = 0
         while not plan.encoding and len(plan.encode) < self.config.max_encoder_batch:
             heap = self._first(now)
             if heap is None:
                 break
             request = heap[0][3]
-            if self._early(heap[0], now) and any(not self._early_request(r, now) for r in plan.encode):
-                break  # every request left is early: none joins a batch of due ones
+            if self._early(heap[0], now) and (due_live or any(not self._early_request(r, now) for r in plan.encode)):
+                break  # every request left is early: none joins a batch of due ones, nor runs beside them
             if request.priority is not Priority.FINAL:
                 if finals_decoding and others >= self.config.encode_while_finals:
                     break  # finals rank first, so every request left is of another class

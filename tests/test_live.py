@@ -214,6 +214,13 @@ def test_cadence_widens_under_load_and_narrows_when_quiet():
             c.observe_final(0.2 if k < 5 else 0.5, t)
         t += 0.5
     assert c.interval(t) == 4.0 and c.widened >= 5
+    # Periods without a final hold the interval (a few streams leave most periods empty)...
+    for _ in range(3):
+        t += 0.5
+        assert c.interval(t) == 4.0
+    # ... until `quiet_periods` of them in a row; fast finals narrow it at once.
+    t += 0.5
+    assert c.interval(t) < 4.0
     for _ in range(40):  # quiet: back to the minimum, never under it
         c.observe_final(0.05, t)
         t += 0.5

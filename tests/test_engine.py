@@ -369,3 +369,29 @@ def test_the_verdict_judges_once_with_the_request_thresholds():
     assert not judge(" Good morning.", -1.3, 0.1, 1.0, False, DecodeOptions(logprob_threshold=-2.0)).poor
     v = judge(" you", -0.3, 0.95, 1.0, False, opts)
     assert v.silence and not v.poor and not v.fallback
+
+
+def test_warm_admission_goes_through_a_scheduler_and_leaves_nothing_behind(tiny, jfk_path):
+    """The CUDA start-up warm-up (run here on the CPU): every batch goes through a scheduler of its
+    own and `Runner.execute`, whose plan check would refuse a step out of line; afterwards no
+    sequence or encoder pass is left, and the engine serves as usual."""
+    engine = Engine(tiny, EngineConfig(max_slots=4))
+    try:
+        engine.warm_admission()
+        assert engine.runner.slots == [] and engine.runner.encoding == []
+        result = asyncio.run(engine.transcribe(decode_audio(jfk_path), DecodeOptions(temperatures=(0.0,))))
+        assert "ask not what your country can do for you" in result.text.lower()
+    finally:
+        engine.close()
+
+
+def test_the_runner_refuses_a_plan_that_is_not_its_state(tiny):
+    """`Runner.execute` checks the plan against what it holds: one source of truth."""
+    from streamer.engine.scheduler import StepPlan
+
+    engine = Engine(tiny, EngineConfig(max_slots=2))
+    try:
+        with pytest.raises(RuntimeError, match="plan/runner mismatch: the plan decodes 1 sequences, the runner holds 0"):
+            engine.runner.execute(StepPlan(decode=["nobody"]))
+    finally:
+        engine.close()

@@ -145,15 +145,22 @@ class Engine:
         batches = [[DecodeOptions(timestamps=True)], [DecodeOptions()],
                    [DecodeOptions(timestamps=False), DecodeOptions(prompt="warm " * 13)],
                    [DecodeOptions(prompt="warm " * 40)], [DecodeOptions(beam_size=2, prompt="warm " * 5)]]
+        # Through a scheduler of its own, as serving steps go (each batch is admitted in one step).
+        scheduler = Scheduler(SchedulerConfig(max_slots=self.runner.n_slots, max_encoder_batch=2))
         for i, batch in enumerate(batches):
-            requests = [Request(id=f"warmup{i}.{j}", audio=silence, options=dataclasses.replace(o, temperatures=(0.0,)),
-                                priority=Priority.FILE, deadline=0.0, arrival=0.0) for j, o in enumerate(batch)]
-            self.runner.step(requests)
-            for _ in range(WARMUP_MAX_STEPS):
-                if not self.runner.slots:
+            for j, o in enumerate(batch):
+                scheduler.add(Request(id=f"warmup{i}.{j}", audio=silence, options=dataclasses.replace(o, temperatures=(0.0,)),
+                                      priority=Priority.FILE, deadline=0.0, arrival=0.0))
+            for k in range(WARMUP_MAX_STEPS + 2):
+                if k == WARMUP_MAX_STEPS:  # silence usually ends at once; whatever is left goes
+                    for request_id in [s.id for s in self.runner.slots]:
+                        scheduler.cancel(request_id)
+                plan = scheduler.schedule(0.0)
+                if plan.empty:
                     break
-                self.runner.step([])
-            self.runner.step([], released=[s.id for s in self.runner.slots])
+                res = self.runner.execute(plan)
+                scheduler.update(StepOutput(encoded=res.encoded, finished=[s.id for s in res.finished],
+                                            encoding=res.encoding))
 
     def warm_up(self) -> None:
         """One decode of a second of silence, so that the first client does not pay for lazy
@@ -347,12 +354,11 @@ class Engine:
                 self._finish(t, error=Cancelled("preempted by a final"))
             t0 = time.perf_counter()
             try:
-                res = self.runner.step(plan.encode, plan.released)
+                res = self.runner.execute(plan)
             except Exception as e:  # a broken step must not kill the thread: fail what it held
                 log.exception("engine step failed")
                 failed = {r.id: repr(e) for r in plan.encode} | {i: repr(e) for i in plan.decode + plan.encoding}
-                self.runner.slots.clear()
-                self.runner.drop_encoding()
+                self.runner.reset()
                 with self._cond:
                     self.scheduler.update(StepOutput(failed=failed))
                     tickets = [self._tickets.pop(i, None) for i in failed]

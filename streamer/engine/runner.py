@@ -192,11 +192,26 @@ class Runner:
                 self._admit([batch.requests[i] for i in keep], out, features)
         out.encoding.extend(r.id for b in self.encoding for r in b.requests if r is not None)
 
-    def drop_encoding(self) -> list[str]:
-        """Forget every batch in its encoder pass (after a failed step); their ids."""
-        ids = [r.id for b in self.encoding for r in b.requests if r is not None]
+    def execute(self, plan) -> StepResult:
+        """Run one `engine.scheduler.StepPlan` exactly: the scheduler's plan is the contract, and a
+        runner whose live sequences or encoder passes differ from it refuses to step (one source of
+        truth: a mismatch is a bug, found here rather than as a wrong transcript later)."""
+        gone = set(plan.released)
+        live = {s.id for s in self.slots} - gone
+        if live != set(plan.decode):
+            raise RuntimeError(f"plan/runner mismatch: the plan decodes {len(set(plan.decode))} sequences, the runner "
+                               f"holds {len(live)} (only in the plan: {sorted(set(plan.decode) - live)[:3]}, only "
+                               f"here: {sorted(live - set(plan.decode))[:3]})")
+        encoding = {r.id for b in self.encoding for r in b.requests if r is not None} - gone
+        if encoding != set(plan.encoding):
+            raise RuntimeError(f"plan/runner mismatch: encoder passes {sorted(set(plan.encoding))[:3]} in the plan, "
+                               f"{sorted(encoding)[:3]} here")
+        return self.step(plan.encode, plan.released)
+
+    def reset(self) -> None:
+        """Drop every live sequence and encoder pass (after a failed step: the scheduler fails them)."""
+        self.slots.clear()
         self.encoding.clear()
-        return ids
 
     def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], top, out: StepResult) -> None:
         finished = []

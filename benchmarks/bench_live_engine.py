@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamer.engine.engine import Engine
 
     config = EngineConfig(overlap_encoder=args.overlap_encoder,
-                          **({"encode_while_finals": args.encode_while_finals} if args.encode_while_finals else {}))
+                          **({"encode_while_finals": args.encode_while_finals} if args.encode_while_finals is not None else {}))
     engine = Engine.load(ModelConfig(model=args.model, device=args.device), config)
     clips = [decode_audio(r["path"]) for r in manifest("en") if 2.0 <= r["duration"] <= 8.0][:60]
     rows = []
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     print(("\n(speed only: random weights) " if speed_only else "\n") + table(rows, list(rows[0])))
     result = {"model": engine.model_name, "device": engine.device, "seconds": args.seconds,
               "cadence": not args.no_cadence, "budget": args.budget, "overlap_encoder": args.overlap_encoder,
-              "encode_while_finals": engine.config.encode_while_finals, "environment": environment(), "runs": rows}
+              "encode_while_finals": engine.scheduler.config.encode_while_finals, "environment": environment(), "runs": rows}
     label = args.model.removeprefix("shape:").split(":")[0]
     name = args.out or f"bench_live_engine_{label}_{engine.device.split(':')[0]}.json"
     print(f"wrote {write_json(name, result)}")

@@ -37,9 +37,10 @@ class EngineConfig:
     """Windows encoded together in one engine step."""
     max_queue: int = 4096
     """Queued windows beyond which `add()` refuses new work (HTTP 429 / stream error)."""
-    encode_while_finals: int = 1
+    encode_while_finals: int | None = None
     """Windows other than finals encoded per step while a final decodes (finals wait through
-    fewer encoder passes; measured in docs/benchmarks.md, issue 14)."""
+    fewer encoder passes; measured in docs/benchmarks.md, issue 14). None: 1 on a GPU (a pass is
+    ~5 ms), 0 on the CPU (a pass is ~0.25 s: it would stall every decoding final that long)."""
     max_new_tokens: int = 224
     """Token limit per window: Whisper's context is 448 and half of it is for the prompt."""
     vram_limit_gb: float | None = None

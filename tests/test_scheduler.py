@@ -665,3 +665,16 @@ def test_a_client_ahead_of_real_time_waits_for_the_others_and_never_shares_their
     # Time passes: a window within `early_s` of its deadline is an ordinary one again.
     plan = step(s, now=30.5)
     assert [r.id for r in plan.encode] == ["fast-final2"]
+
+
+def test_encode_while_finals_zero_admits_only_finals_while_one_decodes():
+    """The CPU's setting: an encoder pass there takes ~0.25 s, so no other window is admitted while
+    a final decodes; finals still are, and the others go in once no final is left."""
+    s = Scheduler(SchedulerConfig(max_slots=8, max_encoder_batch=4, encode_while_finals=0, early_s=float("inf")))
+    s.add(make("f1", FINAL, session="A"))
+    step(s)  # f1 decodes
+    s.add(make("p", PARTIAL, session="B"))
+    s.add(make("f2", FINAL, session="C"))
+    assert [r.id for r in step(s).encode] == ["f2"]
+    assert step(s, finished=["f1", "f2"]).encode == []  # planned while they still decoded
+    assert [r.id for r in step(s).encode] == ["p"]

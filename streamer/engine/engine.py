@@ -122,7 +122,7 @@ class Engine:
             self.runner.warm_encoder(enc_batch)
             self.warm_admission()
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue,
-                                                   encode_while_finals=config.encode_while_finals))
+                                                   encode_while_finals=self._encode_while_finals(config)))
         self.metrics_data = EngineMetrics()
         self._tickets: dict[str, Ticket] = {}
         self._ids = itertools.count()
@@ -193,6 +193,11 @@ class Engine:
             return cls(load_model(model.model, device, dtype), config, precision, cpu_threads=cpu_threads or threads)
         finally:
             torch.set_num_threads(threads)
+
+    def _encode_while_finals(self, config: EngineConfig) -> int:
+        if config.encode_while_finals is not None:
+            return config.encode_while_finals
+        return 0 if self.runner.device.type == "cpu" else 1
 
     @staticmethod
     def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_fp8: bool) -> tuple[int, int]:

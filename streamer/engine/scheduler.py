@@ -80,15 +80,16 @@ class SchedulerConfig:
     encode_while_finals: int = 1
     """Windows other than finals admitted per step while a final decodes. H200, tiny.en, 400
     live streams: p95 finalisation 1.17 s with 4 (of 16), 0.91 s with 1; partials then come
-    every 1.7 s instead of 1.3 s (the cadence the policy is allowed to widen)."""
+    every 1.7 s instead of 1.3 s (the cadence the policy is allowed to widen). 0: none (the CPU's
+    engine default: 4 clients p95 1.88 -> 1.56 s)."""
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_encoder_batch", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         self.quotas  # checks the shares
-        if self.encode_while_finals < 1:
-            raise ValueError(f"encode_while_finals must be at least 1, not {self.encode_while_finals}")
+        if self.encode_while_finals < 0:
+            raise ValueError(f"encode_while_finals must be at least 0, not {self.encode_while_finals}")
 
     @property
     def quotas(self) -> Quotas:

@@ -46,7 +46,7 @@ async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats
     origin = time.monotonic()  # stream time 0 at real-time pace
     t = 0.0  # stream time
     k = 0
-    pending, partial, last_partial = [], None, -1e9
+    pending, partial, last_partial = [], None, -1e9  # partial: (task awaiting it, its handle)
     finals_in_flight = [0]
     while time.monotonic() < until:
         clip = clips[k % len(clips)]
@@ -54,7 +54,7 @@ async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats
         for end in np.arange(PARTIAL_EVERY_S, len(clip) / RATE, PARTIAL_EVERY_S):
             await asyncio.sleep(max(0.0, origin + t + end - time.monotonic()))
             now = time.monotonic()
-            if (partial is not None and not partial.done()) or finals_in_flight[0]:
+            if (partial is not None and not partial[0].done()) or finals_in_flight[0]:
                 stats["partials_waited"] += 1
                 continue
             if cadence is not None and now - last_partial < cadence.interval(now):
@@ -69,13 +69,12 @@ async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats
                 continue
             stats["partials"] += 1
             last_partial = now
-            partial = asyncio.ensure_future(_partial(h, stats))
-            partial.handle = h
-            pending.append(partial)
+            partial = (asyncio.ensure_future(_partial(h, stats)), h)
+            pending.append(partial[0])
         t += len(clip) / RATE
         await asyncio.sleep(max(0.0, origin + t + VAD_SILENCE_S - time.monotonic()))
-        if partial is not None and not partial.done():
-            partial.handle.cancel()
+        if partial is not None and not partial[0].done():
+            partial[1].cancel()
         submitted = time.monotonic()
         h = engine.submit(clip, DecodeOptions(timestamps=True, language="en"), priority=Priority.FINAL,
                           session_id=sid, deadline=origin + t)

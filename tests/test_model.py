@@ -112,7 +112,7 @@ def test_feature_constants_are_the_kernels():
     """`cuda_ops.mel` imports nothing from `streamer`, so it keeps its own copies of the rate and hop."""
     from cuda_ops import mel
     from streamer.audio import SAMPLE_RATE
-    from streamer.audio.features import HOP_LENGTH
+    from streamer.audio import HOP_LENGTH
 
     assert (mel.SAMPLE_RATE, mel.HOP_LENGTH) == (SAMPLE_RATE, HOP_LENGTH)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streamer.audio import HOP_LENGTH, SAMPLE_RATE  # noqa: F401 (HOP_LENGTH: re-export)
+from streamer.audio import SAMPLE_RATE
 
 CHUNK_LENGTH = 30  # seconds per window
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE

@@ -35,7 +35,10 @@ class Kind(enum.Enum):
 
     @classmethod
     def of(cls, priority: Priority) -> "Kind":
-        return {Priority.FINAL: cls.FINAL, Priority.PARTIAL: cls.PARTIAL, Priority.FILE: cls.FILE}[priority]
+        return _OF_PRIORITY[priority]
+
+
+_OF_PRIORITY = {Priority.FINAL: Kind.FINAL, Priority.PARTIAL: Kind.PARTIAL, Priority.FILE: Kind.FILE}
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,13 @@ def admit(kind: Kind, queue_depth: int, quotas: Quotas) -> Refused | None:
                          f"from {bound}; retry later", quotas.retry_after_s)
 
 
-def check(priority: Priority, queue_depth: int, quotas: Quotas) -> None:
-    """Raise QueueFull when a window of `priority` is refused at `queue_depth`."""
-    refused = admit(Kind.of(priority), queue_depth, quotas)
+def check(priority: Priority, queue_depth: int, quotas: Quotas, kind: Kind | None = None) -> None:
+    """Raise QueueFull when a window of `priority` is refused at `queue_depth` (judged as `kind`,
+    by default its priority's)."""
+    kind = kind or Kind.of(priority)
+    refused = admit(kind, queue_depth, quotas)
     if refused is not None:
-        raise QueueFull(queue_depth, quotas.bound(Kind.of(priority)), priority, refused.retry_after_s)
+        raise QueueFull(queue_depth, quotas.bound(kind), priority, refused.retry_after_s)
 
 
 def refuse(reason: str, retry_after_s: float, code: str = "overloaded") -> Refused:

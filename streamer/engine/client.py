@@ -65,6 +65,8 @@ class CoreLink:
     push: zmq.Socket
     sub: zmq.asyncio.Socket
     ready: p.Ready | None = None
+    quotas: Quotas | None = None
+    """The admission shares its `Ready` announced."""
     incarnation: str | None = None
     last_seen: float = 0.0
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -182,11 +184,11 @@ class EngineClient:
 
     @property
     def quotas(self) -> Quotas:
-        """Admission shares over every core's queue (each core's own in `_quotas`)."""
+        """Admission shares over every core's queue (each core's own in `CoreLink.quotas`)."""
         ready = [c.ready for c in self.cores if c.ready]
         if not ready:
             return Quotas()
-        return dataclasses.replace(_quotas(ready[0]), max_queue=sum(r.max_queue for r in ready))
+        return dataclasses.replace(next(c.quotas for c in self.cores if c.ready), max_queue=sum(r.max_queue for r in ready))
 
     def submit(self, audio: np.ndarray, options: DecodeOptions | None = None, *,
                priority: Priority = Priority.FILE, session_id: str | None = None, stream_tokens: bool = False,
@@ -198,7 +200,7 @@ class EngineClient:
         options = options or DecodeOptions()
         check_options(options, self.tokenizer)
         core = self._route(session_id)
-        check(priority, int(core.metrics.get("queue_depth", 0)), _quotas(core.ready))  # raises QueueFull
+        check(priority, int(core.metrics.get("queue_depth", 0)), core.quotas)  # raises QueueFull
         handle = RemoteHandle(self, f"{self.gateway}.{next(self._ids)}", core, priority, session_id, stream_tokens)
         core.inflight[handle.id] = handle
         if session_id is not None:
@@ -297,7 +299,7 @@ class EngineClient:
             return
         error = {"queue_full": lambda: QueueFull(int(core.metrics.get("queue_depth", 0)),
                                                  core.ready.max_queue if core.ready else 0, handle.priority,
-                                                 _quotas(core.ready).retry_after_s if core.ready else 1.0),
+                                                 core.quotas.retry_after_s if core.quotas else 1.0),
                  "closed": lambda: EngineClosed(m.error), "cancelled": lambda: Cancelled(m.error),
                  "invalid": lambda: ValueError(m.error)}.get(m.kind, lambda: RuntimeError(m.error))()
         self._forget(core, handle, None, error)
@@ -338,7 +340,7 @@ class EngineClient:
                 self._seen(core, m.incarnation)
                 if core.ready is None:
                     log.info("engine core %d ready (%s on %s)", core.index, m.model, m.device)
-                core.ready = m
+                core.ready, core.quotas = m, _quotas(m)
 
     async def _watch(self) -> None:
         """Say hello to cores that have not answered; notice cores that went quiet."""

@@ -190,7 +190,11 @@ class Runner:
             if keep:
                 features = batch.features if len(keep) == len(batch.requests) else batch.features[keep]
                 self._admit([batch.requests[i] for i in keep], out, features)
-        out.encoding.extend(r.id for b in self.encoding for r in b.requests if r is not None)
+        out.encoding.extend(self._encoding_ids())
+
+    def _encoding_ids(self) -> list[str]:
+        """Ids of the requests in their encoder pass on the side stream (cancelled ones left out)."""
+        return [r.id for b in self.encoding for r in b.requests if r is not None]
 
     def execute(self, plan) -> StepResult:
         """Run one `engine.scheduler.StepPlan` exactly: the scheduler's plan is the contract, and a
@@ -202,7 +206,7 @@ class Runner:
             raise RuntimeError(f"plan/runner mismatch: the plan decodes {len(set(plan.decode))} sequences, the runner "
                                f"holds {len(live)} (only in the plan: {sorted(set(plan.decode) - live)[:3]}, only "
                                f"here: {sorted(live - set(plan.decode))[:3]})")
-        encoding = {r.id for b in self.encoding for r in b.requests if r is not None} - gone
+        encoding = set(self._encoding_ids()) - gone
         if encoding != set(plan.encoding):
             raise RuntimeError(f"plan/runner mismatch: encoder passes {sorted(set(plan.encoding))[:3]} in the plan, "
                                f"{sorted(encoding)[:3]} here")

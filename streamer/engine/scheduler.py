@@ -41,11 +41,12 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from streamer.engine.admission import Kind, QueueFull, Quotas, admit
+from streamer.engine.admission import Kind, QueueFull, Quotas, check
 from streamer.engine.request import Priority, Request, RequestState
 
 __all__ = ["QueueFull", "Scheduler", "SchedulerConfig", "SchedulerError", "StepOutput", "StepPlan"]
@@ -91,7 +92,7 @@ class SchedulerConfig:
         if self.encode_while_finals < 0:
             raise ValueError(f"encode_while_finals must be at least 0, not {self.encode_while_finals}")
 
-    @property
+    @functools.cached_property
     def quotas(self) -> Quotas:
         """The admission shares of this engine's queue (`engine/admission.py`)."""
         return Quotas(max_queue=self.max_queue, partial_share=self.partial_queue_fraction,
@@ -244,14 +245,13 @@ class Scheduler:
         self._releasing.clear()
         finals_decoding = any(r.priority is Priority.FINAL for r in self._live.values())
         plan.encoding = [i for i, r in self._live.items() if r.state is RequestState.ENCODING]
-        due_live = any(not self._early_request(r, now) for r in self._live.values())
         others = 0
         while not plan.encoding and len(plan.encode) < self.config.max_encoder_batch:
             heap = self._first(now)
             if heap is None:
                 break
             request = heap[0][3]
-            if self._early(heap[0], now) and (due_live or any(not self._early_request(r, now) for r in plan.encode)):
+            if self._early(request, now) and any(not self._early(r, now) for r in self._live.values()):
                 break  # every request left is early: none joins a batch of due ones, nor runs beside them
             if request.priority is not Priority.FINAL:
                 if finals_decoding and others >= self.config.encode_while_finals:
@@ -298,11 +298,7 @@ class Scheduler:
 
     def _check_room(self, request: Request) -> None:
         # A fallback retry is admitted work: only the whole queue's bound holds it back.
-        kind = Kind.FINAL if request.attempt > 0 else Kind.of(request.priority)
-        quotas = self.config.quotas
-        refused = admit(kind, len(self._queued), quotas)
-        if refused is not None:
-            raise QueueFull(len(self._queued), quotas.bound(kind), request.priority, refused.retry_after_s)
+        check(request.priority, len(self._queued), self.config.quotas, Kind.FINAL if request.attempt > 0 else None)
 
     def _unqueue(self, request: Request) -> None:
         """Forget a queued request; its heap entry goes stale and is skipped later."""
@@ -332,15 +328,12 @@ class Scheduler:
                 # Aging; the top of a heap has its earliest deadline, so it is the one that is due
                 # (and if it is early, so is every request under it).
                 rank = min(priority, Priority.PARTIAL) if deadline <= now else priority
-                key = (self._early(heap[0], now), rank, deadline, arrival, sequence)
+                key = (self._early(heap[0][3], now), rank, deadline, arrival, sequence)
                 if best is None or key < best[0]:
                     best = (key, heap)
         return None if best is None else best[1]
 
-    def _early(self, entry: _Entry, now: float) -> bool:
-        return self._early_request(entry[3], now)
-
-    def _early_request(self, request: Request, now: float) -> bool:
+    def _early(self, request: Request, now: float) -> bool:
         """A live window whose client is more than `early_s` ahead of real time."""
         return request.priority is not Priority.FILE and request.deadline > now + self.config.early_s
 

@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from streamer.audio import SAMPLE_RATE
-from streamer.audio.features import HOP_LENGTH, log_mel_spectrogram
+from streamer.audio import HOP_LENGTH, SAMPLE_RATE
+from streamer.audio.features import log_mel_spectrogram
 from streamer.model.weights import LoadedModel
 from streamer.model.whisper import PassCache
-from streamer.model.timing import MAX_BATCH, MAX_WORD_S, AlignmentItem, WordTiming  # noqa: F401 (MAX_BATCH: re-export)
+from streamer.model.timing import MAX_BATCH, MAX_WORD_S, AlignmentItem, WordTiming
 
 FRAMES_PER_SECOND = SAMPLE_RATE // (2 * HOP_LENGTH)
 """Encoder frames per second (50: the encoder's second convolution halves the 100 mel frames)."""

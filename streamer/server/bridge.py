@@ -184,31 +184,32 @@ class Bridge:
         self._run(self.policy.retry(job, time.monotonic()))
 
     async def _await(self, job: int, handle: Handle, kind: str) -> None:
+        result, failure = None, None
         try:
             result = await handle.result()
         except asyncio.CancelledError:
             raise
+        except QueueFull:
+            pass  # a remote engine core refused it after the submit: neither result nor failure
         except Cancelled:
-            outcome = ("cancelled", "cancelled")
-        except QueueFull:  # a remote engine core refused it after the submit
-            self._handles.pop(job, None)
-            self._run(self.policy.on_refused(job, time.monotonic()))
-            return
+            failure = ("cancelled", "cancelled")
         except EngineUnavailable as e:
             log.warning("session %s: %s window lost: %s", self.session_id, kind, e)
-            outcome = ("engine_unavailable", str(e))
+            failure = ("engine_unavailable", str(e))
         except Exception as e:
             log.exception("session %s: %s window failed", self.session_id, kind)
-            outcome = ("internal", str(e) or type(e).__name__)
-        else:
-            self._handles.pop(job, None)
+            failure = ("internal", str(e) or type(e).__name__)
+        self._handles.pop(job, None)
+        now = time.monotonic()
+        if result is not None:
             if result.first_token_s is not None:
                 self.metrics.queue_wait.labels(kind).observe(result.first_token_s)
-            self.metrics.window_time.labels(kind).observe(time.monotonic() - handle.submitted)
-            self._run(self.policy.on_result(job, result, time.monotonic()))
-            return
-        self._handles.pop(job, None)
-        self._run(self.policy.on_failure(job, *outcome, time.monotonic()))
+            self.metrics.window_time.labels(kind).observe(now - handle.submitted)
+            self._run(self.policy.on_result(job, result, now))
+        elif failure is not None:
+            self._run(self.policy.on_failure(job, *failure, now))
+        else:
+            self._run(self.policy.on_refused(job, now))
 
     async def _align(self, action: Align) -> None:
         try:

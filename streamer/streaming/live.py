@@ -383,8 +383,11 @@ class LivePolicy:
         while self._finals and self._finals[0].done:
             final = self._finals.pop(0)
             window = final.window
-            events = self.session.on_result(window.window_id, final.result) if final.result is not None \
-                and final.error is None else self._forget(window)
+            if final.error is None:
+                events = self.session.on_result(window.window_id, final.result)
+            else:  # failed: the session drops the window (no text, context unchanged)
+                self.session.forget(window.window_id)
+                events = []
             done = next((e for e in events if isinstance(e, Final)), None)
             latency = now - self._received_at(window.speech_end, now)
             if done is not None:
@@ -399,11 +402,6 @@ class LivePolicy:
         if not self._finals:
             out += self._maybe_partial(now)
         return out
-
-    def _forget(self, window: SubmitWindow) -> list[Event]:
-        """A failed final: the session drops the window (no text, context unchanged)."""
-        self.session.forget(window.window_id)
-        return []
 
     # --- helpers ------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ RATE = 16000
 PARTIAL_EVERY_S = 0.5
 VAD_SILENCE_S = 0.5
 PAUSE_S = 1.0
+LONG_S = 8.0  # finals of utterances longer than this are reported apart: their decode is longest
 
 
 async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats: dict, rng: random.Random,
@@ -79,7 +80,7 @@ async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats
         h = engine.submit(clip, DecodeOptions(timestamps=True, language="en"), priority=Priority.FINAL,
                           session_id=sid, deadline=origin + t)
         finals_in_flight[0] += 1
-        pending.append(asyncio.ensure_future(_final(h, submitted, stats, cadence, finals_in_flight)))
+        pending.append(asyncio.ensure_future(_final(h, submitted, len(clip) / RATE, stats, cadence, finals_in_flight)))
         t += PAUSE_S
     await asyncio.gather(*pending, return_exceptions=True)
 
@@ -93,13 +94,14 @@ async def _partial(handle, stats: dict) -> None:
         stats["partials_cancelled"] += 1
 
 
-async def _final(handle, submitted: float, stats: dict, cadence, in_flight: list) -> None:
+async def _final(handle, submitted: float, audio_s: float, stats: dict, cadence, in_flight: list) -> None:
     try:
         await handle.result()
     finally:
         in_flight[0] -= 1
     now = time.monotonic()
     stats["final_s"].append(now - submitted)
+    stats["final_audio_s"].append(audio_s)
     if cadence is not None:
         cadence.observe_final(now - submitted, now)
 
@@ -109,7 +111,7 @@ def run(engine, n: int, seconds: float, clips: list[np.ndarray], use_cadence: bo
 
     cadence = PartialCadence(CadenceConfig(final_budget_s=budget or budget_for(engine.device))) if use_cadence else None
     stats = {"partials": 0, "partials_cancelled": 0, "partials_refused": 0, "partials_waited": 0,
-             "partials_thinned": 0, "final_s": []}
+             "partials_thinned": 0, "final_s": [], "final_audio_s": []}
     intervals: list[float] = []
     busy0, steps0, t0 = engine.metrics()["busy_s"], engine.metrics()["steps"], time.monotonic()
 
@@ -130,11 +132,14 @@ def run(engine, n: int, seconds: float, clips: list[np.ndarray], use_cadence: bo
     asyncio.run(main())
     wall = time.monotonic() - t0
     finals = stats["final_s"]
+    long = [f for f, a in zip(finals, stats["final_audio_s"]) if a > LONG_S]
     m = engine.metrics()
     steps = m["steps"] - steps0
     return {"sessions": n, "finals": len(finals),
             "final_p50": float(np.percentile(finals, 50)) if finals else None,
             "final_p95": float(np.percentile(finals, 95)) if finals else None,
+            "final_audio_p95_s": float(np.percentile(stats["final_audio_s"], 95)) if finals else None,
+            f"final_p95_over_{LONG_S:g}s": float(np.percentile(long, 95)) if long else None,
             "partials_per_s": stats["partials"] / wall,
             "partials_cancelled": stats["partials_cancelled"] / stats["partials"] if stats["partials"] else None,
             "partials_refused": stats["partials_refused"],
@@ -154,16 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None, help="FINAL_BUDGET_S of the cadence (default: by device)")
     p.add_argument("--encode-while-finals", type=int, default=None)
     p.add_argument("--overlap-encoder", action="store_true")
+    p.add_argument("--no-decode-priority", action="store_true", help="with --overlap-encoder: one stream priority")
+    p.add_argument("--clip-seconds", default="0,28", type=lambda s: [float(x) for x in s.split(",")],
+                   help="LO,HI: utterance lengths used (default: every English prompt the VAD passes whole, as the "
+                        "load client streams; session 6 ran 2,8)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
     from streamer.config import EngineConfig, ModelConfig
     from streamer.engine.engine import Engine
 
-    config = EngineConfig(overlap_encoder=args.overlap_encoder,
+    config = EngineConfig(overlap_encoder=args.overlap_encoder, decode_priority=not args.no_decode_priority,
                           **({"encode_while_finals": args.encode_while_finals} if args.encode_while_finals is not None else {}))
     engine = Engine.load(ModelConfig(model=args.model, device=args.device), config)
-    clips = [decode_audio(r["path"]) for r in manifest("en") if 2.0 <= r["duration"] <= 8.0][:60]
+    lo, hi = args.clip_seconds
+    clips = [decode_audio(r["path"]) for r in manifest("en") if lo <= r["duration"] <= hi]
     rows = []
     try:
         for n in args.sessions:
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print(("\n(speed only: random weights) " if speed_only else "\n") + table(rows, list(rows[0])))
     result = {"model": engine.model_name, "device": engine.device, "seconds": args.seconds,
               "cadence": not args.no_cadence, "budget": args.budget, "overlap_encoder": args.overlap_encoder,
+              "decode_priority": engine.runner.main is not None, "clip_seconds": args.clip_seconds,
               "encode_while_finals": engine.scheduler.config.encode_while_finals, "environment": environment(), "runs": rows}
     label = args.model.removeprefix("shape:").split(":")[0]
     name = args.out or f"bench_live_engine_{label}_{engine.device.split(':')[0]}.json"

@@ -40,7 +40,44 @@ run() {  # run NAME TIMEOUT ARGS...
   echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"
   tail -16 "$LOG"
 }
-if [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, then the load at and past the target
+live() {  # live NAME TIMEOUT ARGS...
+  local name=$1 tl=$2; shift 2; local s=$SECONDS
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout "$tl" python3 bench_live_engine.py --device cuda --seconds 20 \
+    --model "$TURBO" --out "bench_live_engine_${name}_h200.json" "$@") 2>&1 | grep -v "INFO\|WARNING" > "$OUT/live_$name.log"
+  echo "== live $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; tail -4 "$OUT/live_$name.log"
+}
+old() {  # old NAME TIMEOUT ARGS...: bench_streaming.py of session 5's tree (.carry/s5tree), same env
+  local name=$1 t=$2; shift 2
+  local s=$SECONDS
+  echo "=== $name (session 5 tree): $*" >> "$LOG"
+  (cd "$S/s5tree" && PYTHONPATH="$S/s5tree:$T/site" timeout "$t" python3 benchmarks/bench_streaming.py --spawn --device cuda \
+    --seconds "$SEC" --client-procs "$PROCS" --out "$OUT/bench_streaming_${name}_h200.json" ${W:+--workers $W} "$@") 2>&1 \
+    | grep -v "INFO\|WARNING\|SyntaxWarning\|^  \"\"\"" >> "$LOG"
+  echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"
+  tail -8 "$LOG"
+}
+if [ "${PLAN:-full}" = s7a ]; then  # session 7: decode steps on a high-priority stream beside the encoder's
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token \
+    tests/test_scheduler.py tests/test_live.py 2>&1 | tail -3 | tee -a "$LOG"
+  live p0_short 90 --overlap-encoder --no-decode-priority --clip-seconds 2,8 --sessions 200
+  live p1_short 100 --overlap-encoder --clip-seconds 2,8 --sessions 200,400
+  live p1_all 110 --overlap-encoder --sessions 200,400
+  nvidia-smi dmon -s u -d 1 > "$OUT/dmon_turbo.txt" 2>&1 & DMON=$!
+  OVERLAP_ENCODER=1 run turbo_prio 150 --model "$TURBO" --clients 200,300 --profile-at 200
+  kill $DMON 2>/dev/null
+  OVERLAP_ENCODER=1 PRECISION=mixed_fp8 run turbo_prio_fp8 80 --model "$TURBO" --clients 200
+  live p0_all 80 --overlap-encoder --no-decode-priority --sessions 200
+elif [ "${PLAN:-full}" = s7b ]; then  # session 7: tiny.en old (session 5) and new gateway in one call, then past 600
+  old tiny_s5 90 --model tiny.en --clients 600
+  run tiny_s7 90 --model tiny.en --clients 600
+  OVERLAP_ENCODER=1 run tiny_s7_prio 200 --model tiny.en --clients 400,600,800,1000
+  t=$SECONDS
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 150 python3 bench_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
+    --audio "$INPUTS/clips.npz" --real tiny.en=$TINY --shapes large-v3 --batches 32,128 --hf-batches "" \
+    --precisions full_fp16,full_fp16+overlap --out bench_engine_overlap_s7_h200.json) 2>&1 \
+    | grep -v "seem to have been set" > "$OUT/bench_engine_overlap.log"
+  echo "== engine overlap A/B rc=${PIPESTATUS[0]} $((SECONDS - t)) s"; tail -30 "$OUT/bench_engine_overlap.log"
+elif [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, then the load at and past the target
   timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_fused.py tests/test_sdpa_paths.py \
     2>&1 | tail -3 | tee -a "$LOG"
   run tiny 130 --model tiny.en --clients 400,600,800
@@ -52,12 +89,6 @@ elif [ "${PLAN:-full}" = engine ]; then
     --precisions full_fp16,mixed_fp8,full_fp16 --out bench_engine_tiny_rerun_h200.json) 2>&1 \
     | grep -v "seem to have been set" > "$OUT/bench_engine_tiny.log"
   echo "== tiny engine rows rc=${PIPESTATUS[0]} $((SECONDS - t)) s"; grep -A8 "encoder:" "$OUT/bench_engine_tiny.log" | head -40
-  live() {  # live NAME TIMEOUT ARGS...
-    local name=$1 tl=$2; shift 2; local s=$SECONDS
-    (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout "$tl" python3 bench_live_engine.py --device cuda --seconds 20 \
-      --model "$TURBO" --out "bench_live_engine_${name}_h200.json" "$@") 2>&1 | grep -v "INFO\|WARNING" > "$OUT/live_$name.log"
-    echo "== live $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; tail -4 "$OUT/live_$name.log"
-  }
   live turbo_cadence 130 --sessions 200,400
   live turbo_nocadence 80 --sessions 200 --no-cadence
   live turbo_overlap 80 --sessions 200 --overlap-encoder

@@ -51,6 +51,9 @@ class EngineConfig:
     """Encoder passes on a second CUDA stream (CUDA only): the live sequences' decode steps go on
     while a batch is encoded, and the batch joins them once its pass is done (one batch at a time).
     Measured in docs/benchmarks.md (issue 14): the live finals' latency with it and without."""
+    decode_priority: bool = True
+    """With `overlap_encoder`: decode steps on a CUDA stream of higher priority than the encoder's,
+    so the encoder pass beside them yields SMs to their kernels (docs/benchmarks.md, issue 14)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "VRAM_LIMIT_GB": ("engine", "vram_limit_gb"),
     "CUDA_GRAPHS": ("engine", "cuda_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
+    "DECODE_PRIORITY": ("engine", "decode_priority"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
     "PARTIAL_INTERVAL_MAX_S": ("streaming", "partial_interval_max_s"),
     "FINAL_BUDGET_S": ("streaming", "final_budget_s"),

@@ -290,18 +290,28 @@ def test_repeated_phrases_that_end_are_not_a_loop():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a second stream)")
 def test_encoder_on_a_second_stream_changes_no_token(manifest):
-    """EngineConfig.overlap_encoder: windows encoded beside decoder steps decode exactly as before."""
+    """EngineConfig.overlap_encoder: windows encoded beside decoder steps decode exactly as before,
+    with the decode steps on a higher-priority stream than the encoder (decode_priority) or not."""
     loaded = load_model("tiny.en", "cuda", torch.float16)
     jobs = [(a, DecodeOptions(temperatures=(0.0,), timestamps=True)) for a in _pick(manifest, "en", 12)]
+    variants = {"one stream": {}, "pipeline": {"overlap_encoder": True, "decode_priority": False},
+                "pipeline, decode first": {"overlap_encoder": True}}
     results = {}
-    for overlap in (False, True):
-        engine = Engine(loaded, EngineConfig(max_slots=16, max_encoder_batch=4, overlap_encoder=overlap))
+    for name, kw in variants.items():
+        engine = Engine(loaded, EngineConfig(max_slots=16, max_encoder_batch=4, **kw))
         try:
-            results[overlap] = asyncio.run(_all_at_once(engine, jobs))
+            runner = engine.runner
+            if name == "pipeline, decode first":
+                assert runner.main is not None and runner.main.priority < runner.side.priority
+            else:
+                assert runner.main is None
+            results[name] = asyncio.run(_all_at_once(engine, jobs))
         finally:
             engine.close()
-    assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
-    assert all(r.text for r in results[True])
+    tokens = {name: [r.tokens for r in rs] for name, rs in results.items()}
+    assert tokens["pipeline"] == tokens["one stream"]
+    assert tokens["pipeline, decode first"] == tokens["one stream"]
+    assert all(r.text for r in results["pipeline, decode first"])
 
 
 def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():

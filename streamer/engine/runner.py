@@ -8,6 +8,7 @@ needs (static addresses); moving one slot costs one copy of its K/V, once per fi
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -106,7 +107,7 @@ class StepResult:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
-                 cross_fp8: bool = False, overlap_encoder: bool = False):
+                 cross_fp8: bool = False, overlap_encoder: bool = False, decode_priority: bool = True):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -128,6 +129,11 @@ class Runner:
         # decode steps (memory-bound) of the sequences already live, which go on at their own pace
         # instead of waiting for it; the batch joins them in the first step after its pass is done.
         self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
+        # With the side stream, steps run on a stream of higher priority than the side stream
+        # (CUDA's default priority is its lowest): whenever SMs free up, the block scheduler
+        # dispatches the decode step's small memory-bound kernels before more encoder blocks, so
+        # a step is not stretched by the encoder pass running beside it.
+        self.main = torch.cuda.Stream(self.device, priority=-1) if self.side is not None and decode_priority else None
         self.encoding: list[_Encoding] = []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.noise = None
@@ -144,8 +150,21 @@ class Runner:
     def step(self, encode: list, released: list[str] = ()) -> StepResult:
         """Drop `released` sequences, decode one token for every live one, then admit `encode`
         (with a side stream: start its encoder pass, and admit the batches whose pass is done)."""
-        with torch.inference_mode(), attention_for("prefill"):  # graphs captured in `_capture` bring their own
+        with torch.inference_mode(), attention_for("prefill"), self._on_main():  # graphs captured in `_capture` bring their own
             return self._step(encode, released)
+
+    @contextlib.contextmanager
+    def _on_main(self):
+        """Run the step on `self.main` when there is one, ordered after the caller's stream's work
+        and before whatever the caller's stream does next (e.g. `Engine.call` between steps)."""
+        if self.main is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.main.wait_stream(caller)
+        with torch.cuda.stream(self.main):
+            yield
+        caller.wait_stream(self.main)
 
     def _step(self, encode: list, released: list[str]) -> StepResult:
         out = StepResult()

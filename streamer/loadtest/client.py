@@ -70,6 +70,8 @@ class Recording:
 class ClientResult:
     first_partial_s: list[float] = field(default_factory=list)
     final_s: list[float] = field(default_factory=list)
+    utterance_s: list[float] = field(default_factory=list)
+    """Speech length of each utterance in `final_s` (speech_started to speech_stopped)."""
     decode_s: list[float] = field(default_factory=list)
     server_latency_s: list[float] = field(default_factory=list)
     finals: list[str] = field(default_factory=list)
@@ -78,6 +80,10 @@ class ClientResult:
     stable_words: int = 0
     stable_changed: int = 0
     error: str | None = None
+
+
+LONG_UTTERANCE_S = 8.0
+"""Finals of utterances longer than this are also reported apart (`bench_live_engine.py` does the same)."""
 
 
 def recordings(audio_dir: Path, n: int, seconds: float, language: str = "en") -> list[Recording]:
@@ -148,6 +154,7 @@ async def stream_one(url: str, rec: Recording, pace: float, delay: float, start:
                         if uid in stopped:
                             t, received = stopped[uid]
                             result.final_s.append(now - sent_time(t))
+                            result.utterance_s.append(t - started.get(uid, t))
                             result.decode_s.append(now - received)
                         for p in partials.pop(uid, []):
                             n, changed = _changed(p["text"], e["text"])
@@ -236,6 +243,9 @@ def run_load(url: str, n_clients: int, files: list[Recording], pace: float = 1.0
         for q in (50, 95, 99):
             summary[f"{key}_p{q}"] = pct(values, q)
         summary[f"{key}_n"] = len(values)
+    long = [f for r, _ in ok for f, u in zip(r.final_s, r.utterance_s) if u > LONG_UTTERANCE_S]
+    summary["utterance_p95_s"] = pct(gather("utterance_s"), 95)
+    summary[f"final_p95_over_{LONG_UTTERANCE_S:g}s"] = pct(long, 95)  # their decode is longest
     summary["wer"] = wer([rec.reference for _, rec in ok], [" ".join(r.finals) for r, _ in ok], "en") if ok else None
     words = sum(r.partial_words for r, _ in ok)
     stable = sum(r.stable_words for r, _ in ok)
@@ -402,7 +412,7 @@ def stop_server(proc: subprocess.Popen, grace_s: float) -> None:
 
 
 COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50", "final_p95", "final_p99",
-           "decode_p50", "decode_p95", "wer", "partial_churn", "stable_churn", "client_cpu"]
+           f"final_p95_over_{LONG_UTTERANCE_S:g}s", "utterance_p95_s", "decode_p50", "decode_p95", "wer", "partial_churn", "stable_churn", "client_cpu"]
 
 
 SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",

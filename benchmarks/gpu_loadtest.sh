@@ -67,6 +67,19 @@ if [ "${PLAN:-full}" = s7a ]; then  # session 7: decode steps on a high-priority
   kill $DMON 2>/dev/null
   OVERLAP_ENCODER=1 PRECISION=mixed_fp8 run turbo_prio_fp8 80 --model "$TURBO" --clients 200
   live p0_all 80 --overlap-encoder --no-decode-priority --sessions 200
+elif [ "${PLAN:-full}" = s7c ]; then  # session 7: + encoder CUDA graphs and pinned uploads of the clips
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py -k "encoder_graphs or second_stream or warm_up" \
+    2>&1 | tail -3 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "CUDA tests failed: stopping"; exit 1; }
+  s=$SECONDS
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 120 py-spy record --threads -r 100 -f raw -o "$OUT/probe_p2_all.txt" -- \
+    python3 bench_live_engine.py --device cuda --seconds 20 --model "$TURBO" --overlap-encoder --sessions 200,400 \
+    --out bench_live_engine_p2_all_h200.json) 2>&1 | grep -v "INFO\|WARNING" > "$OUT/live_p2_all.log"
+  echo "== live p2_all rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; tail -4 "$OUT/live_p2_all.log"
+  OVERLAP_ENCODER=1 run turbo_g 110 --model "$TURBO" --clients 200,300 --profile-at 200
+  old tiny_s5 80 --model tiny.en --clients 600
+  run tiny_s7 80 --model tiny.en --clients 600
+  OVERLAP_ENCODER=1 run tiny_s7_g 160 --model tiny.en --clients 600,800,1000
 elif [ "${PLAN:-full}" = s7b ]; then  # session 7: tiny.en old (session 5) and new gateway in one call, then past 600
   old tiny_s5 90 --model tiny.en --clients 600
   run tiny_s7 90 --model tiny.en --clients 600

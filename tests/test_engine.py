@@ -288,6 +288,27 @@ def test_repeated_phrases_that_end_are_not_a_loop():
     assert not needs_fallback(ratio, -1.5, 0.9, opts, truncated=True)  # silence is never retried
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs)")
+def test_encoder_graphs_give_the_eager_encoders_features(manifest):
+    """`Runner.warm_encoder` captures the encoder per batch size: a replay gives the features of
+    the eager encoder at odd batch sizes, and each batch size has its own output buffer."""
+    from streamer.audio.features import log_mel_spectrogram
+    from streamer.engine.runner import Runner
+
+    loaded = load_model("tiny.en", "cuda", torch.float16)
+    runner = Runner(loaded, n_slots=4)
+    clips = _pick(manifest, "en", 3)
+    mels = {b: log_mel_spectrogram(clips[:b], loaded.dims.n_mels, device="cuda") for b in (1, 3)}
+    with torch.inference_mode():
+        eager = {b: runner._encoder(m).clone() for b, m in mels.items()}
+        runner.warm_encoder(3)
+        assert sorted(runner.encoder_graphs) == [1, 2, 3]
+        graphed = {b: runner._encoder(m) for b, m in mels.items()}
+    assert graphed[1].data_ptr() != graphed[3].data_ptr()
+    for b in mels:  # the same kernels replayed: fp16 rounding is the only allowed difference
+        torch.testing.assert_close(graphed[b], eager[b], rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a second stream)")
 def test_encoder_on_a_second_stream_changes_no_token(manifest):
     """EngineConfig.overlap_encoder: windows encoded beside decoder steps decode exactly as before,

@@ -96,6 +96,18 @@ class _Encoding:
 
 
 @dataclass
+class _EncoderGraph:
+    """The encoder captured at one batch size: `mel` in, `out` out (static buffers). `out` is
+    overwritten by the next replay, so each batch's features are used (their cross K/V written)
+    before the next batch is encoded: encoder batches run one at a time, and a pass on the side
+    stream waits for the main stream's queued work first."""
+
+    graph: torch.cuda.CUDAGraph
+    mel: torch.Tensor  # [B, n_mels, 3000], model dtype
+    out: torch.Tensor  # [B, n_audio_ctx, D]
+
+
+@dataclass
 class StepResult:
     encoded: list[str] = field(default_factory=list)
     encoding: list[str] = field(default_factory=list)  # still in their encoder pass (side stream)
@@ -136,6 +148,8 @@ class Runner:
         self.main = torch.cuda.Stream(self.device, priority=-1) if self.side is not None and decode_priority else None
         self.encoding: list[_Encoding] = []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.encoder_graphs: dict[int, _EncoderGraph] = {}  # by batch size, captured by `warm_encoder`
+        self.encoder_pool = None
         self.noise = None
         self.pool = None
         lang_ids = sorted(self.tok.language_tokens.values())
@@ -413,15 +427,45 @@ class Runner:
         return self._encoder(mel)
 
     def _encoder(self, mel: torch.Tensor) -> torch.Tensor:
-        with attention_for("encoder"):
-            return self.model.encoder(mel.to(self.dtype))
+        """Encoder output [B, n_audio_ctx, D]; from the batch size's CUDA graph when captured
+        (then valid until the next batch of that size is encoded: see `_EncoderGraph`)."""
+        g = self.encoder_graphs.get(mel.shape[0])
+        if g is None:
+            with attention_for("encoder"):
+                return self.model.encoder(mel.to(self.dtype))
+        g.mel.copy_(mel)
+        g.graph.replay()
+        return g.out
 
     def warm_encoder(self, max_batch: int) -> None:
-        """Run the encoder once at every batch size up to `max_batch` (kernel plans, allocations)."""
+        """Run the encoder once at every batch size up to `max_batch` (kernel plans, allocations)
+        and, with CUDA graphs, capture it at each. Launching a large encoder's ~400 kernels from
+        Python took 28 % of the engine core's model thread at 200 live turbo-shape streams on the
+        H200 (py-spy), time in which no decode step could be launched; a replay is one launch."""
         silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
         with torch.inference_mode():
             for b in range(1, max_batch + 1):
-                self._encoder(log_mel_spectrogram([silence] * b, self.dims.n_mels, device=self.device))
+                mel = log_mel_spectrogram([silence] * b, self.dims.n_mels, device=self.device)
+                if self.use_graphs:
+                    self.encoder_graphs[b] = self._capture_encoder(mel)
+                else:
+                    self._encoder(mel)
+
+    def _capture_encoder(self, mel: torch.Tensor) -> _EncoderGraph:
+        static = mel.to(self.dtype).clone()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with attention_for("encoder"):  # the backend chosen here is baked into the graph
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up outside the graph (allocations, kernel selection, cuDNN plans)
+                    self.model.encoder(static)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            if self.encoder_pool is None:  # one pool for every encoder graph: they never run at once
+                self.encoder_pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.encoder_pool):
+                out = self.model.encoder(static)
+        return _EncoderGraph(graph, static, out)
 
     def _admit(self, requests: list, out: StepResult, audio_features: torch.Tensor | None = None) -> None:
         """Prefill `requests` into free slots; `audio_features` when their encoder pass already ran."""

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encode-while-finals", type=int, default=None)
     p.add_argument("--overlap-encoder", action="store_true")
     p.add_argument("--no-decode-priority", action="store_true", help="with --overlap-encoder: one stream priority")
+    p.add_argument("--no-encoder-graphs", action="store_true", help="the encoder launched eagerly, not replayed")
     p.add_argument("--clip-seconds", default="0,28", type=lambda s: [float(x) for x in s.split(",")],
                    help="LO,HI: utterance lengths used (default: every English prompt the VAD passes whole, as the "
                         "load client streams; session 6 ran 2,8)")
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamer.engine.engine import Engine
 
     config = EngineConfig(overlap_encoder=args.overlap_encoder, decode_priority=not args.no_decode_priority,
+                          encoder_graphs=not args.no_encoder_graphs,
                           **({"encode_while_finals": args.encode_while_finals} if args.encode_while_finals is not None else {}))
     engine = Engine.load(ModelConfig(model=args.model, device=args.device), config)
     lo, hi = args.clip_seconds
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"model": engine.model_name, "device": engine.device, "seconds": args.seconds,
               "cadence": not args.no_cadence, "budget": args.budget, "overlap_encoder": args.overlap_encoder,
               "decode_priority": engine.runner.main is not None, "clip_seconds": args.clip_seconds,
+              "encoder_graphs": bool(engine.runner.encoder_graphs),
               "encode_while_finals": engine.scheduler.config.encode_while_finals, "environment": environment(), "runs": rows}
     label = args.model.removeprefix("shape:").split(":")[0]
     name = args.out or f"bench_live_engine_{label}_{engine.device.split(':')[0]}.json"

@@ -68,12 +68,13 @@ if [ "${PLAN:-full}" = s7a ]; then  # session 7: decode steps on a high-priority
   OVERLAP_ENCODER=1 PRECISION=mixed_fp8 run turbo_prio_fp8 80 --model "$TURBO" --clients 200
   live p0_all 80 --overlap-encoder --no-decode-priority --sessions 200
 elif [ "${PLAN:-full}" = s7c ]; then  # session 7: + encoder CUDA graphs and pinned uploads of the clips
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py -k "encoder_graphs or second_stream or warm_up" \
-    2>&1 | tail -3 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" = 0 ] || { echo "CUDA tests failed: stopping"; exit 1; }
+  timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_engine.py -k "encoder_graphs or second_stream or warm_up" \
+    2>&1 | tail -30 | tee -a "$LOG"
+  NOEG=""
+  if [ "${PIPESTATUS[0]}" != 0 ]; then echo "CUDA tests failed: the rest without encoder graphs"; export ENCODER_GRAPHS=0; NOEG=--no-encoder-graphs; fi
   s=$SECONDS
   (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 120 py-spy record --threads -r 100 -f raw -o "$OUT/probe_p2_all.txt" -- \
-    python3 bench_live_engine.py --device cuda --seconds 20 --model "$TURBO" --overlap-encoder --sessions 200,400 \
+    python3 bench_live_engine.py --device cuda --seconds 20 --model "$TURBO" --overlap-encoder --sessions 200,400 $NOEG \
     --out bench_live_engine_p2_all_h200.json) 2>&1 | grep -v "INFO\|WARNING" > "$OUT/live_p2_all.log"
   echo "== live p2_all rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; tail -4 "$OUT/live_p2_all.log"
   OVERLAP_ENCODER=1 run turbo_g 110 --model "$TURBO" --clients 200,300 --profile-at 200

@@ -47,6 +47,9 @@ class EngineConfig:
     """Cap on this process's GPU memory; slots and encoder batches are sized to fit."""
     cuda_graphs: bool = True
     """Capture the decoder step as CUDA graphs per batch bucket (CUDA only)."""
+    encoder_graphs: bool = True
+    """With `cuda_graphs`: capture the encoder too, per batch size up to `max_encoder_batch` (one
+    launch per pass instead of hundreds from the model thread; measured in docs/benchmarks.md)."""
     overlap_encoder: bool = False
     """Encoder passes on a second CUDA stream (CUDA only): the live sequences' decode steps go on
     while a batch is encoded, and the batch joins them once its pass is done (one batch at a time).
@@ -192,6 +195,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "ENCODE_WHILE_FINALS": ("engine", "encode_while_finals"),
     "VRAM_LIMIT_GB": ("engine", "vram_limit_gb"),
     "CUDA_GRAPHS": ("engine", "cuda_graphs"),
+    "ENCODER_GRAPHS": ("engine", "encoder_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
     "DECODE_PRIORITY": ("engine", "decode_priority"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),

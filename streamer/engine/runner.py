@@ -119,7 +119,8 @@ class StepResult:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
-                 cross_fp8: bool = False, overlap_encoder: bool = False, decode_priority: bool = True):
+                 cross_fp8: bool = False, overlap_encoder: bool = False, decode_priority: bool = True,
+                 encoder_graphs: bool = True):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -137,6 +138,7 @@ class Runner:
         self.positions = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        self.use_encoder_graphs = self.use_graphs and encoder_graphs
         # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
         # decode steps (memory-bound) of the sequences already live, which go on at their own pace
         # instead of waiting for it; the batch joins them in the first step after its pass is done.
@@ -150,6 +152,7 @@ class Runner:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.encoder_graphs: dict[int, _EncoderGraph] = {}  # by batch size, captured by `warm_encoder`
         self.encoder_pool = None
+        self.encoder_stream = None  # the encoder graphs' capture stream
         self.noise = None
         self.pool = None
         lang_ids = sorted(self.tok.language_tokens.values())
@@ -446,14 +449,20 @@ class Runner:
         with torch.inference_mode():
             for b in range(1, max_batch + 1):
                 mel = log_mel_spectrogram([silence] * b, self.dims.n_mels, device=self.device)
-                if self.use_graphs:
+                if self.use_encoder_graphs:
                     self.encoder_graphs[b] = self._capture_encoder(mel)
                 else:
                     self._encoder(mel)
 
     def _capture_encoder(self, mel: torch.Tensor) -> _EncoderGraph:
         static = mel.to(self.dtype).clone()
-        stream = torch.cuda.Stream(self.device)
+        # A capture stream of the encoder's own: cuBLAS keeps a workspace per (handle, stream), and
+        # a graph replays with the workspace of the stream it was captured on. The decoder's graphs
+        # are captured on torch's default capture stream; captured there too, an encoder pass on
+        # the side stream would share their workspace while a decode step runs beside it.
+        if self.encoder_stream is None:
+            self.encoder_stream = torch.cuda.Stream(self.device)
+        stream = self.encoder_stream
         stream.wait_stream(torch.cuda.current_stream())
         with attention_for("encoder"):  # the backend chosen here is baked into the graph
             with torch.cuda.stream(stream):
@@ -463,7 +472,7 @@ class Runner:
             graph = torch.cuda.CUDAGraph()
             if self.encoder_pool is None:  # one pool for every encoder graph: they never run at once
                 self.encoder_pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.encoder_pool):
+            with torch.cuda.graph(graph, pool=self.encoder_pool, stream=stream):
                 out = self.model.encoder(static)
         return _EncoderGraph(graph, static, out)
 

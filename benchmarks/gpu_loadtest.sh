@@ -70,8 +70,8 @@ if [ "${PLAN:-full}" = s7a ]; then  # session 7: decode steps on a high-priority
 elif [ "${PLAN:-full}" = s7c ]; then  # session 7: + encoder CUDA graphs and pinned uploads of the clips
   timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_engine.py -k "encoder_graphs or second_stream or warm_up" \
     2>&1 | tail -30 | tee -a "$LOG"
-  NOEG=""
-  if [ "${PIPESTATUS[0]}" != 0 ]; then echo "CUDA tests failed: the rest without encoder graphs"; export ENCODER_GRAPHS=0; NOEG=--no-encoder-graphs; fi
+  rc=${PIPESTATUS[0]}; NOEG=""
+  if [ "$rc" != 0 ]; then echo "CUDA tests failed: the rest without encoder graphs"; export ENCODER_GRAPHS=0; NOEG=--no-encoder-graphs; fi
   s=$SECONDS
   (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 120 py-spy record --threads -r 100 -f raw -o "$OUT/probe_p2_all.txt" -- \
     python3 bench_live_engine.py --device cuda --seconds 20 --model "$TURBO" --overlap-encoder --sessions 200,400 $NOEG \

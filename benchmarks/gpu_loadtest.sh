@@ -81,6 +81,15 @@ elif [ "${PLAN:-full}" = s7c ]; then  # session 7: + encoder CUDA graphs and pin
   old tiny_s5 80 --model tiny.en --clients 600
   run tiny_s7 80 --model tiny.en --clients 600
   OVERLAP_ENCODER=1 run tiny_s7_g 160 --model tiny.en --clients 600,800,1000
+elif [ "${PLAN:-full}" = s7d ]; then  # session 7: + the model thread's CPU ops on one thread, encoder graphs on
+  timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_engine.py -k "encoder_graphs or second_stream" \
+    2>&1 | tail -30 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}; NOEG=""
+  if [ "$rc" != 0 ]; then echo "CUDA tests failed: the rest without encoder graphs"; export ENCODER_GRAPHS=0; NOEG=--no-encoder-graphs; fi
+  OVERLAP_ENCODER=1 run turbo_t1 100 --model "$TURBO" --clients 200,300 --profile-at 200
+  run tiny_t1 110 --model tiny.en --clients 600,800,1000
+  live p3_all 90 --overlap-encoder --sessions 200,400 $NOEG
+  OVERLAP_ENCODER=1 ENCODER_GRAPHS=0 run turbo_t1_noeg 60 --model "$TURBO" --clients 200
 elif [ "${PLAN:-full}" = s7b ]; then  # session 7: tiny.en old (session 5) and new gateway in one call, then past 600
   old tiny_s5 90 --model tiny.en --clients 600
   run tiny_s7 90 --model tiny.en --clients 600

@@ -323,10 +323,11 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
         engine = Engine(loaded, EngineConfig(max_slots=16, max_encoder_batch=4, **kw))
         try:
             runner = engine.runner
-            if name == "pipeline, decode first":
+            if kw.get("overlap_encoder") and kw.get("decode_priority", True):
                 assert runner.main is not None and runner.main.priority < runner.side.priority
             else:
                 assert runner.main is None
+            assert bool(runner.encoder_graphs) == kw.get("encoder_graphs", True)
             results[name] = asyncio.run(_all_at_once(engine, jobs))
         finally:
             engine.close()

@@ -77,7 +77,8 @@ def report(name: str, launch: A.Launch, tmp: str) -> None:
                   HEAD_DIM=64, FULL_T=False)
     if launch.kernel == "v7":
         fn = A._decode_v7_kernel_const if launch.const else A._decode_v7_kernel
-        flags = dict(common, SPLIT_MODE=mode, STAGES=launch.stages, BLOCK_S=1 << (splits - 1).bit_length())
+        flags = dict(common, SPLIT_MODE=mode, STAGES=launch.stages, BLOCK_S=1 << (splits - 1).bit_length(),
+                     SCALAR_SCALES=launch.scalar_scales)
         stages = max(1, launch.stages)
     else:
         fn = A._decode_partial_kernel_const if launch.const else A._decode_partial_kernel

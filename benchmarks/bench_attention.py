@@ -196,6 +196,9 @@ def sweep_candidates() -> list[tuple[str, Launch]]:
         ("v7 32x4w s4 split4 1pass", L("v7", 4, 32, 4, 4, one_pass=True)),
         ("v7 32x4w s4 split2 2pass", L("v7", 2, 32, 4, 4)),
         ("v7 64x4w s3 r96 split2 1pass", L("v7", 2, 64, 4, 3, one_pass=True, maxnreg=96)),
+        # scalar tile scales (not pipelined): the fallback should the per-position vector not pipeline
+        ("v7 32x4w s5 r64 ss", L("v7", 1, 32, 4, 5, maxnreg=64, scalar_scales=True)),
+        ("v7 64x4w s4 r96 ss", L("v7", 1, 64, 4, 4, maxnreg=96, scalar_scales=True)),
     ]
     return c
 

@@ -66,6 +66,9 @@ class Launch(NamedTuple):
     const: every shape and stride a compile-time constant (one compile per cache layout).
     maxnreg: v7 only: a register cap per thread (0: the compiler's choice), so that more programs
       fit an SM (65536 registers: 4 warps at <= 96 registers -> 5 programs, <= 64 -> 8).
+    scalar_scales: v7 only: one scalar load of each tile scale per loop step, as v6 (not pipelined)
+      instead of a per-position vector load pipelined with the tile (a fallback, should a Triton
+      refuse to pipeline the vector; compiled with triton 3.9 for sm_90 both are pipelined).
     """
 
     kernel: str = "v6"
@@ -76,6 +79,7 @@ class Launch(NamedTuple):
     one_pass: bool = False
     const: bool = False
     maxnreg: int = 0
+    scalar_scales: bool = False
 
 
 # Launch per batch for tile-scaled FP8 (cross-attention, T = 1500 at large-v3): rows are
@@ -324,7 +328,7 @@ def decode_attention_triton(
         launch = launch._replace(kernel="v6")
     _check_launch(launch)
     block_t = launch.block_t
-    if tile_scale and launch.kernel == "v6" and SCALE_TILE % block_t:
+    if tile_scale and (launch.kernel == "v6" or launch.scalar_scales) and SCALE_TILE % block_t:
         raise ValueError(f"block_t must divide SCALE_TILE={SCALE_TILE}, got {block_t}")
     # Whole tiles per split; with per-tile scales whole scale tiles too (a BLOCK_T tile never
     # straddles two scales in v6; v7 reads a scale per position), so the chunk is rounded to
@@ -358,6 +362,7 @@ def decode_attention_triton(
             HAS_SCALE=has_scale, TILE_SCALE=tile_scale, HAS_SLOTS=slot_ids is not None,
             SPLIT_MODE=0 if splits == 1 else (2 if one_pass else 1), BLOCK_T=block_t, SCALE_TILE=SCALE_TILE,
             HEAD_DIM=D, FULL_T=full_length, STAGES=launch.stages, BLOCK_S=triton.next_power_of_2(splits),
+            SCALAR_SCALES=launch.scalar_scales,
             num_warps=launch.num_warps, num_stages=max(1, launch.stages), **_maxnreg(launch),
         )  # fmt: skip
         if splits == 1 or one_pass:
@@ -686,7 +691,7 @@ def _decode_v7(
     num_splits,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SPLIT_MODE: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
-    STAGES: tl.constexpr, BLOCK_S: tl.constexpr,
+    STAGES: tl.constexpr, BLOCK_S: tl.constexpr, SCALAR_SCALES: tl.constexpr,
 ):  # fmt: skip
     """Pass 1 of v7 (Launch.kernel "v7"): v6's per-lane online softmax, with
     - the loop a tl.range(num_stages=STAGES) when STAGES >= 2: Triton pipelines loops without a dot
@@ -730,11 +735,13 @@ def _decode_v7(
     if STAGES >= 2:
         for t0 in tl.range(start, end, BLOCK_T, num_stages=STAGES):
             m_i, l_i, acc = _v7_step(t0, end, q, m_i, l_i, acc, k_base, v_base, ks_base, vs_base, offs_d,
-                                     stride_kt, stride_kd, stride_vt, stride_vd, TILE_SCALE, SCALE_TILE, BLOCK_T)
+                                     stride_kt, stride_kd, stride_vt, stride_vd, TILE_SCALE, SCALE_TILE, BLOCK_T,
+                                     SCALAR_SCALES)
     else:
         for t0 in range(start, end, BLOCK_T):
             m_i, l_i, acc = _v7_step(t0, end, q, m_i, l_i, acc, k_base, v_base, ks_base, vs_base, offs_d,
-                                     stride_kt, stride_kd, stride_vt, stride_vd, TILE_SCALE, SCALE_TILE, BLOCK_T)
+                                     stride_kt, stride_kd, stride_vt, stride_vd, TILE_SCALE, SCALE_TILE, BLOCK_T,
+                                     SCALAR_SCALES)
     m_max = tl.max(m_i, axis=0)
     w = tl.exp2(m_i - m_max)
     l_sum = tl.sum(l_i * w, axis=0)
@@ -778,7 +785,7 @@ def _decode_v7(
 @jit
 def _v7_step(t0, end, q, m_i, l_i, acc, k_base, v_base, ks_base, vs_base, offs_d,
              stride_kt, stride_kd, stride_vt, stride_vd,
-             TILE_SCALE: tl.constexpr, SCALE_TILE: tl.constexpr, BLOCK_T: tl.constexpr):
+             TILE_SCALE: tl.constexpr, SCALE_TILE: tl.constexpr, BLOCK_T: tl.constexpr, SCALAR_SCALES: tl.constexpr):
     """Positions [t0, t0 + BLOCK_T) of v7's loop: loads (K, V and, with tile scales, each
     position's two scales), then v6's per-lane online-softmax update."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
@@ -787,15 +794,21 @@ def _v7_step(t0, end, q, m_i, l_i, acc, k_base, v_base, ks_base, vs_base, offs_d
     vt = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=mask_t[:, None], other=0.0)
     s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1)  # [BLOCK_T], base-2 logits
     if TILE_SCALE:
-        tile = offs_t // SCALE_TILE
-        s = s * tl.load(ks_base + tile, mask=mask_t, other=0.0)
+        if SCALAR_SCALES:  # BLOCK_T divides SCALE_TILE: one scale for the whole tile
+            ksc = tl.load(ks_base + t0 // SCALE_TILE)
+            vsc = tl.load(vs_base + t0 // SCALE_TILE)
+        else:
+            tile = offs_t // SCALE_TILE
+            ksc = tl.load(ks_base + tile, mask=mask_t, other=0.0)
+            vsc = tl.load(vs_base + tile, mask=mask_t, other=0.0)
+        s = s * ksc
     s = tl.where(mask_t, s, float("-inf"))
     m_new = tl.maximum(m_i, s)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new)
     pv = p
     if TILE_SCALE:
-        pv = p * tl.load(vs_base + tile, mask=mask_t, other=0.0)
+        pv = p * vsc
     acc = acc * alpha[:, None] + pv[:, None] * vt.to(tl.float32)
     l_i = l_i * alpha + p
     return m_new, l_i, acc
@@ -814,7 +827,7 @@ def _decode_v7_kernel(
     num_splits,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SPLIT_MODE: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
-    STAGES: tl.constexpr, BLOCK_S: tl.constexpr,
+    STAGES: tl.constexpr, BLOCK_S: tl.constexpr, SCALAR_SCALES: tl.constexpr,
 ):  # fmt: skip
     _decode_v7(
         q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, len_ptr,
@@ -823,6 +836,7 @@ def _decode_v7_kernel(
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
         HAS_SCALE, TILE_SCALE, HAS_SLOTS, SPLIT_MODE, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, STAGES, BLOCK_S,
+        SCALAR_SCALES,
     )  # fmt: skip
 
 
@@ -839,7 +853,7 @@ def _decode_v7_kernel_const(
     num_splits: tl.constexpr,
     HAS_SCALE: tl.constexpr, TILE_SCALE: tl.constexpr, HAS_SLOTS: tl.constexpr, SPLIT_MODE: tl.constexpr,
     BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, FULL_T: tl.constexpr,
-    STAGES: tl.constexpr, BLOCK_S: tl.constexpr,
+    STAGES: tl.constexpr, BLOCK_S: tl.constexpr, SCALAR_SCALES: tl.constexpr,
 ):  # fmt: skip
     # Shapes and strides compile-time (v6's CONST_STRIDES A/B: 86 against 78 % of copy at B = 256
     # on the H200 in session 6); strides of a [S, H, T, D] cache do not depend on S, so one compile
@@ -851,4 +865,5 @@ def _decode_v7_kernel_const(
         stride_vs, stride_vh, stride_vt, stride_vd, stride_kss, stride_ksh, stride_vss, stride_vsh,
         stride_ob, stride_oh, stride_od, num_splits,
         HAS_SCALE, TILE_SCALE, HAS_SLOTS, SPLIT_MODE, BLOCK_T, SCALE_TILE, HEAD_DIM, FULL_T, STAGES, BLOCK_S,
+        SCALAR_SCALES,
     )  # fmt: skip

@@ -320,6 +320,7 @@ V7_LAUNCHES = [
     Launch("v7", 3, 64, 2, 3, one_pass=True, const=True),
     Launch("v7", 2, 128, 8, 2),  # two-pass merge (_decode_reduce_kernel)
     Launch("v7", 1, 32, 4, 0),  # plain loop (no pipelining)
+    Launch("v7", 2, 64, 4, 4, one_pass=True, scalar_scales=True),  # a scalar scale load per tile
 ]
 V7_SHAPES = [(3, 20, 1500), (7, 6, 300), (32, 20, 1500)] if CUDA else [(3, 3, 300), (2, 2, 1500)]
 

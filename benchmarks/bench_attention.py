@@ -12,11 +12,17 @@ caches would not stay in it. "eager" is our fp8 op launched from Python (triton.
 median): the gap to the graph time is launch overhead. Prints a table and writes JSON under
 benchmarks/results (or $BENCH_RESULTS_DIR).
 
-    python benchmarks/bench_attention.py [--out bench_attention.json] [--sweep] [--no-table]
+    python benchmarks/bench_attention.py [--out bench_attention.json] [--sweep [--warm-only] [--table-out T.json]]
+        [--no-table] [--batches 32,128] [--no-self]
 
-`--sweep`: cross-attention with tile-scaled FP8 K/V over batch x splits x BLOCK_T x warps, and the
-A/Bs of compile-time strides (const_strides), reading no lengths (full_length) and loading the
-next tile before this tile's math (prefetch) at each batch's chosen launch.
+`--sweep` (session 7): cross-attention with tile-scaled FP8 K/V, T=1500, B in 32, 64, 128, 256 (or
+--batches): every launch of sweep_candidates() (the v6 kernel as run today and its A/Bs, the v7
+kernel over tile x warps x cp.async stages x register cap, splits with a one-pass or two-pass
+merge), each checked against the fp32 reference, timed in interleaved rounds; prints the best per
+batch with % of copy bandwidth and FP8_TILE_TABLE filled with the winners (paste it into
+cuda_ops/attention.py); `--table-out NAME.json` also writes that table for
+STREAMER_FP8_ATTN_TABLE (the standard rows rerun with it). `--sweep --warm-only` compiles every
+candidate (B=1 calls: the same specialisations) into Triton's cache and times nothing.
 
 BENCH_DRY=1: a dry run on the CPU (Triton's interpreter, H=2, T=300, a few launches, one timed call
 each, copy bandwidth taken as 1 GB/s): checks the script, measures nothing.
@@ -36,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
-from cuda_ops.attention import WAVES, choose_launch, choose_num_splits, decode_attention_triton, quantize_kv, quantize_kv_tiles
+from cuda_ops.attention import (FP8_TILE_TABLE, WAVES, Launch, choose_fp8_tile_launch, choose_launch, choose_num_splits,
+                                decode_attention_reference, decode_attention_triton, quantize_kv, quantize_kv_tiles)
 
 H, D = (2, 64) if DRY else (20, 64)  # large-v3 decoder
 CROSS_T = 300 if DRY else 1500  # encoder frames of a 30-s window
@@ -110,8 +117,12 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
 
     gen = torch.Generator(device=DEV).manual_seed(0)
     kv_bytes = slots * H * T * D * 2 * 4  # fp16 + two fp8 caches of one copy
-    copies = max(1, min(16, -(-256_000_000 // kv_bytes)))
+    # At least 2 copies and 4 calls per graph (cycling over the copies): with one call per graph
+    # (the rows before session 7 at B >= 32) the replay's own launch sat inside the timed region
+    # (session 6, B = 32, the same launch: 46 us in these rows against 41 in the sweep's 3 calls).
+    copies = max(2, min(16, -(-256_000_000 // kv_bytes)))
     sets = [make_inputs(B, T, slots, gen) for _ in range(copies)]
+    sets = [sets[i % copies] for i in range(max(4, copies))]
     varying = bool((lengths != T).any())
     mask = (torch.arange(T, device=DEV)[None, :] < lengths[:, None])[:, None, None, :] if varying else None
 
@@ -142,10 +153,10 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
         "ours_fp8": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4,
         "ours_fp8_tile": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4 * -(-T // 128),
     }
-    splits_tile, block_t_tile = choose_launch(B * H, T, SMS, "fp8tile")
+    tile_launch = choose_fp8_tile_launch(B * H, T, SMS)
     row = {"kind": kind, "B": B, "T": T, "mean_length": positions / B, "splits": choose_num_splits(B * H, T, SMS, WAVES),
-           "splits_fp8": choose_launch(B * H, T, SMS, "fp8")[0], "splits_fp8_tile": splits_tile,
-           "block_t_fp8_tile": block_t_tile}
+           "splits_fp8": choose_launch(B * H, T, SMS, "fp8")[0], "splits_fp8_tile": tile_launch.splits,
+           "block_t_fp8_tile": tile_launch.block_t, "launch_fp8_tile": launch_text(tile_launch)}
     for name, ms in times.items():
         gbps = moved[name] / ms / 1e6
         row[name] = {"ms": ms, "bytes": moved[name], "GBps": gbps, "pct_of_copy": 100 * gbps / ceiling}
@@ -155,69 +166,232 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
     return row
 
 
-SWEEP_BATCHES = (1, 8, 32, 64, 128, 256)
-SWEEP_SPLITS = (1, 2, 3, 4, 6, 12)
-SWEEP_LAUNCHES = ((64, 4), (128, 4), (32, 4), (64, 2), (64, 8))  # (BLOCK_T, warps)
+SWEEP_BATCHES = (32, 64, 128, 256)
+SWEEP_ROUNDS = 5  # every candidate timed once per round, rounds interleaved: a drifting clock hits all alike
+L = Launch
 
 
-def sweep(ceiling: float, batches=SWEEP_BATCHES) -> list[dict]:
-    """Tile-scaled FP8 cross-attention (T=1500) per batch: every (splits, BLOCK_T, warps), and
-    the chosen launch (choose_launch) with compile-time strides, no lengths read, prefetch. Prints
-    the best per batch."""
-    out = []
+def sweep_candidates() -> list[tuple[str, Launch]]:
+    """The launches the sweep times at every batch (tile-scaled FP8, T=1500): session 6's kernel
+    (v6) as the baseline and with the A/Bs it measured best (2 warps; compile-time strides: 80
+    instead of 96 registers at 4 warps), then v7 (K/V through shared memory by cp.async, `stages`
+    deep) over tile x warps x stages x register cap, then splits with the one-pass and the two-pass
+    merge. Registers from compiling each for sm_90 with triton 3.9 here (docs/notes/fp8attn7.md):
+    the programs per SM that fit (65536 registers) are the point of the register caps."""
+    c = [
+        ("v6 rule", L()),  # what the engine runs today: auto splits (1 at B >= 32), 64 x 4 warps
+        ("v6 w2", L("v6", 1, 64, 2)),
+        ("v6 const", L("v6", 1, 64, 4, const=True)),
+        ("v6 const w2", L("v6", 1, 64, 2, const=True)),
+    ]
+    for bt, w, st, mx in ((32, 4, 3, 0), (32, 4, 4, 0), (32, 4, 5, 64), (32, 4, 6, 64), (32, 2, 4, 0), (32, 8, 4, 0),
+                          (32, 4, 8, 64), (64, 4, 3, 0), (64, 4, 3, 96), (64, 4, 4, 96), (64, 4, 5, 96), (64, 2, 3, 0), (64, 2, 4, 128), (64, 8, 3, 0),
+                          (64, 8, 4, 0), (128, 8, 3, 0), (128, 8, 4, 0), (32, 4, 0, 0), (64, 4, 0, 0)):
+        c.append((f"v7 {bt}x{w}w s{st}" + (f" r{mx}" if mx else ""), L("v7", 1, bt, w, st, maxnreg=mx)))
+    c += [
+        ("v7 32x4w s4 const", L("v7", 1, 32, 4, 4, const=True)),
+        ("v7 64x4w s3 r96 const", L("v7", 1, 64, 4, 3, const=True, maxnreg=96)),
+        ("v7 32x4w s4 split2 1pass", L("v7", 2, 32, 4, 4, one_pass=True)),
+        ("v7 32x4w s4 split3 1pass", L("v7", 3, 32, 4, 4, one_pass=True)),
+        ("v7 32x4w s4 split4 1pass", L("v7", 4, 32, 4, 4, one_pass=True)),
+        ("v7 32x4w s4 split2 2pass", L("v7", 2, 32, 4, 4)),
+        ("v7 64x4w s3 r96 split2 1pass", L("v7", 2, 64, 4, 3, one_pass=True, maxnreg=96)),
+        # scalar tile scales (not pipelined): the fallback should the per-position vector not pipeline
+        ("v7 32x4w s5 r64 ss", L("v7", 1, 32, 4, 5, maxnreg=64, scalar_scales=True)),
+        ("v7 64x4w s4 r96 ss", L("v7", 1, 64, 4, 4, maxnreg=96, scalar_scales=True)),
+    ]
+    return c
+
+
+def fp8_tile_sets(B: int, gen: torch.Generator) -> list[tuple]:
+    """Copies of one batch's inputs (q, K/V e4m3 with tile scales, out): at least 2 and past 256 MB in
+    all, listed at least 4 times (cycling), so that a graph holds >= 4 calls (see run_case)."""
+    per_copy = B * H * CROSS_T * D * 2
+    sets = []
+    copies = max(2, min(16, -(-256_000_000 // per_copy)))
+    for _ in range(1 if DRY else copies):
+        q = torch.randn(B, H, D, device=DEV, dtype=torch.float16, generator=gen)
+        k8, ks = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
+        v8, vs = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
+        sets.append((q, k8, v8, ks, vs, torch.empty_like(q)))
+    return [sets[i % len(sets)] for i in range(1 if DRY else max(4, len(sets)))]
+
+
+def capture(calls: list):
+    """A CUDA graph making every call once (warm-up and compilation outside it); None in DRY."""
+    if DRY:
+        for call in calls:
+            call()
+        return None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(graph, calls: list, reps: int = 10) -> float:
+    """Median µs of one call over `reps` replays of `graph` (DRY: the calls once, host time)."""
+    if DRY:
+        t0 = time.perf_counter()
+        for call in calls:
+            call()
+        return (time.perf_counter() - t0) * 1e6 / len(calls)
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def launch_text(launch: Launch) -> str:
+    return "Launch(" + ", ".join(f"{k}={v!r}" for k, v in launch._asdict().items() if v != Launch._field_defaults[k]) + ")"
+
+
+def sweep(ceiling: float, batches=SWEEP_BATCHES, warm_only: bool = False, warm_part=(0, 1), progress=None) -> dict:
+    """Time every sweep candidate per batch (tile-scaled FP8 cross-attention, T=1500) under CUDA
+    graphs, in SWEEP_ROUNDS interleaved rounds (median of the rounds' medians), each checked against
+    the fp32 reference first (a wrong one is reported and never chosen); then the best with
+    full_length=True (what the engine's cross-attention could promise). Prints the best per batch
+    and FP8_TILE_TABLE with the winners, ready to paste into cuda_ops/attention.py; returns the rows
+    and the table (also as JSON for STREAMER_FP8_ATTN_TABLE).
+
+    warm_only: compile every candidate (one call each at B=1 with the split count of the smallest
+    batch: the same specialisations, so the timed run finds them in Triton's on-disk cache) and
+    return; warm_part (k, n): only every n-th candidate from the k-th (n processes in parallel).
+    progress: called with the rows and table so far after every batch (the JSON survives a timeout)."""
+    cands = sweep_candidates()
+    if DRY:
+        cands = [c for c in cands if c[0] in ("v6 rule", "v7 32x4w s4", "v7 32x4w s4 split2 1pass", "v7 32x4w s4 split3 1pass",
+                                              "v7 32x4w s4 split2 2pass", "v7 64x4w s3 r96 const")]
+    if warm_only:
+        part, parts = warm_part
+        cands = cands[part::parts]
+        gen = torch.Generator(device=DEV).manual_seed(0)
+        q, k8, v8, ks, vs, o = fp8_tile_sets(1, gen)[0]
+        lengths = torch.full((1,), CROSS_T, dtype=torch.int32, device=DEV)
+        t0 = time.perf_counter()
+        for name, launch in cands:
+            try:  # resolved at the smallest batch swept: the split count (and so the kernel) it times
+                launch = choose_with(launch, min(batches))
+                decode_attention_triton(q, k8, v8, lengths, k_scale=ks, v_scale=vs, out=o, launch=launch)
+            except Exception as e:  # reported again (and skipped) by the timed sweep
+                print(f"warm {name}: {repr(e)[:200]}", flush=True)
+        if not DRY:
+            torch.cuda.synchronize()
+        print(f"warm-up: {len(cands)} launches compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+        return {}
+    per_batch, table_rows = [], []
     for B in batches:
+        t_batch = time.perf_counter()
         gen = torch.Generator(device=DEV).manual_seed(B)
-        per_copy = B * H * CROSS_T * D * 2
-        copies = max(1, min(16, -(-256_000_000 // per_copy)))
-        sets = []
-        for _ in range(copies):
-            q = torch.randn(B, H, D, device=DEV, dtype=torch.float16, generator=gen)
-            k8, ks = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
-            v8, vs = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
-            sets.append((q, k8, v8, ks, vs, torch.empty_like(q)))
+        sets = fp8_tile_sets(B, gen)
         lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device=DEV)
         moved = B * H * CROSS_T * D * 2 + 2 * B * H * D * 2 + 2 * B * H * -(-CROSS_T // 128) * 4
+        q0, k0, v0, ks0, vs0, _ = sets[0]
+        ref = decode_attention_reference(q0.float(), k0, v0, lengths, k_scale=ks0, v_scale=vs0).float()
 
-        def time_launch(**kw):
-            calls = [lambda c=c: decode_attention_triton(c[0], c[1], c[2], lengths, k_scale=c[3], v_scale=c[4], out=c[5], **kw)
-                     for c in sets]
+        def calls_for(launch, full=False):
+            return [lambda c=c: decode_attention_triton(c[0], c[1], c[2], lengths, k_scale=c[3], v_scale=c[4], out=c[5],
+                                                        launch=launch, full_length=full) for c in sets]
+
+        rows, graphs = [], {}
+        for name, launch in cands:
+            row = {"name": name, "launch": launch._asdict(), "resolved": launch_text(choose_with(launch, B))}
             try:
-                ms = graph_ms(calls)
-            except Exception as e:  # a launch that fails to compile must not stop the sweep
-                return {**kw, "error": repr(e)[:160]}
-            gbps = moved / ms / 1e6
-            return {**kw, "us": round(ms * 1e3, 2), "GBps": round(gbps), "pct_of_copy": round(100 * gbps / ceiling, 1)}
-
-        splits_set, launches = ((1, 2), SWEEP_LAUNCHES[:2]) if DRY else (SWEEP_SPLITS, SWEEP_LAUNCHES)
-        rows = [time_launch(num_splits=s, block_t=bt, num_warps=w) for s in splits_set for bt, w in launches]
-        chosen, chosen_bt = choose_launch(B * H, CROSS_T, SMS, "fp8tile")
-        default = time_launch()  # what decode_attention_triton picks by itself
-        default.update(num_splits=chosen, block_t=chosen_bt)
-        const = time_launch(num_splits=chosen, const_strides=True)
-        full = time_launch(num_splits=chosen, full_length=True)
-        const_full = time_launch(num_splits=chosen, const_strides=True, full_length=True)
-        prefetch = time_launch(num_splits=chosen, prefetch=True)
-        all_three = time_launch(num_splits=chosen, const_strides=True, full_length=True, prefetch=True)
-        # the tensor-core path (mma=True) at the chosen splits, BLOCK_T 64 and 32, alone and with the A/Bs
-        mma = {f"{bt}" + ("+const+full" if cf else ""): time_launch(num_splits=chosen, block_t=bt, mma=True,
-                                                                  const_strides=cf, full_length=cf)
-               for bt in (64, 32) for cf in (False, True)}
-        mma_best = min((r for r in mma.values() if "us" in r), key=lambda r: r["us"], default={})
-        mma_text = ", ".join(f"{name} {r.get('us')}" for name, r in mma.items())
-        best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
-        out.append({"B": B, "chosen_splits": chosen, "chosen_block_t": chosen_bt, "default": default, "const_strides": const, "full_length": full,
-                    "const_full": const_full, "prefetch": prefetch, "all_three": all_three, "mma": mma,
-                    "mma_best": mma_best, "best": best, "all": rows})
-        print(f"sweep B={B}: chosen {chosen} splits x BLOCK_T {chosen_bt} {default.get('us')} us ({default.get('pct_of_copy')} % of copy); "
-              f"const strides {const.get('us')}, full_length {full.get('us')}, both {const_full.get('us')}, "
-              f"prefetch {prefetch.get('us')}, all three {all_three.get('us')} us; "
-              f"mma {mma_text} us "
-              f"(best {mma_best.get('pct_of_copy')} % of copy); "
-              f"best {best}", flush=True)
+                calls = calls_for(launch)
+                sets[0][5].fill_(float("nan"))
+                calls[0]()
+                err = ((sets[0][5].float() - ref).norm() / ref.norm()).item()
+                row["rel_err"] = err
+                row["ok"] = bool(err < 2e-3)  # fp16 output rounding is ~3e-4; NaN fails
+                graphs[name] = (capture(calls), calls)
+            except Exception as e:  # a launch that fails to compile or run must not stop the sweep
+                row["error"] = repr(e)[:300]
+            rows.append(row)
+        times = {name: [] for name in graphs}
+        names = list(graphs)
+        for r in range(1 if DRY else SWEEP_ROUNDS):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(replay_us(*graphs[name]))
+        for row in rows:
+            if row["name"] in times:
+                us = sorted(times[row["name"]])[len(times[row["name"]]) // 2]
+                gbps = moved / us / 1e3
+                row.update(us=round(us, 2), rounds_us=[round(t, 2) for t in times[row["name"]]], GBps=round(gbps),
+                           pct_of_copy=round(100 * gbps / ceiling, 1))
+        del graphs
+        timed = sorted((r for r in rows if "us" in r and r.get("ok")), key=lambda r: r["us"])
+        base = next((r for r in rows if r["name"] == "v6 rule"), {})
+        best = timed[0] if timed else None
+        full = {}
+        if best is not None:  # the A/B of reading no lengths, at the winner
+            launch = Launch(**best["launch"])
+            try:
+                calls = calls_for(launch, full=True)
+                graph = capture(calls)
+                us = sorted(replay_us(graph, calls) for _ in range(1 if DRY else SWEEP_ROUNDS))[0 if DRY else SWEEP_ROUNDS // 2]
+                full = {"us": round(us, 2), "pct_of_copy": round(100 * moved / us / 1e3 / ceiling, 1)}
+                del graph
+            except Exception as e:
+                full = {"error": repr(e)[:300]}
+        per_batch.append({"B": B, "bytes": moved, "rows": rows, "best": best, "v6_rule": base, "best_full_length": full})
+        print(f"\nsweep B={B} ({B * H} (row, head) programs per split; {len(rows)} launches, "
+              f"{time.perf_counter() - t_batch:.0f} s):", flush=True)
+        for r in timed[:6]:
+            print(f"  {r['name']:<30} {r['us']:>8.1f} us {r['pct_of_copy']:>6.1f} % of copy  (rounds {r['rounds_us']})")
+        print(f"  {'v6 rule (today)':<30} {base.get('us', float('nan')):>8.1f} us {base.get('pct_of_copy', float('nan')):>6.1f} % of copy")
+        if best is not None:
+            print(f"  best + full_length: {full}")
+        bad = [r for r in rows if "error" in r or not r.get("ok", True)]
+        for r in bad:
+            print(f"  FAILED {r['name']}: {r.get('error') or 'rel err %.3g' % r['rel_err']}")
+        if best is not None:
+            table_rows.append((B * H, Launch(**best["launch"]), B, best["us"], best["pct_of_copy"]))
         del sets
         if not DRY:
             torch.cuda.empty_cache()
-    return out
+        if progress is not None:
+            progress({"batches": per_batch, "table": winners_table(table_rows)[1]})
+    merged, table_json = winners_table(table_rows)
+    print("\nFP8_TILE_TABLE with the sweep's winners (paste into cuda_ops/attention.py):")
+    print("FP8_TILE_TABLE: tuple[tuple[int, Launch], ...] = (")
+    for bh, launch, B, us, pct in merged:
+        note = "  # below the batches swept: the session-6 rule" if B is None else f"  # B={B} at H={H}: {us} us, {pct} % of copy"
+        print(f"    ({bh}, {launch_text(launch)}),{note}")
+    print(")")
+    return {"batches": per_batch, "table": table_json}
+
+
+def winners_table(table_rows: list) -> tuple[list, list]:
+    """Rows (min_batch_heads, Launch, B, us, pct) of the winners -> the table with the session-6 rule
+    below the smallest batch and equal neighbours merged, and its JSON form."""
+    table = [(0, Launch(), None, None, None)] + table_rows  # below the smallest batch swept: unchanged
+    merged = []
+    for row in table:
+        if merged and merged[-1][1] == row[1]:
+            continue
+        merged.append(row)
+    return merged, [[bh, launch._asdict()] for bh, launch, *_ in merged]
+
+
+def choose_with(launch: Launch, B: int) -> Launch:
+    """The launch as decode_attention_triton resolves it at batch B (automatic splits filled in)."""
+    from cuda_ops.attention import choose_fp8_tile_launch
+
+    return choose_fp8_tile_launch(B * H, CROSS_T, SMS, ((0, launch),))
 
 
 def print_table(rows: list[dict], ceiling: float) -> None:
@@ -235,28 +409,22 @@ def print_table(rows: list[dict], ceiling: float) -> None:
         print(line + f"{r['speedup_fp8_vs_sdpa']:>9.2f}x{r['speedup_fp16_vs_sdpa']:>9.2f}x")
 
 
-def fp8_summary(rows: list[dict], sweep_rows: list[dict] | None, ceiling: float) -> list[dict]:
+def fp8_summary(rows: list[dict], sweep_result: dict | None, ceiling: float) -> list[dict]:
     """Tile-scaled FP8 cross-attention per batch against the target: >= 80 % of the copy bandwidth."""
-    best = {r["B"]: r.get("best") or {} for r in sweep_rows or []}
-    mma = {r["B"]: r.get("mma_best") or {} for r in sweep_rows or []}
+    best = {r["B"]: r.get("best") or {} for r in (sweep_result or {}).get("batches", [])}
     out = []
     for r in rows:
         if r["kind"] != "cross":
             continue
         c = r["ours_fp8_tile"]
         b = best.get(r["B"], {})
-        out.append({"B": r["B"], "splits": r["splits_fp8_tile"], "block_t": r["block_t_fp8_tile"],
-                    "programs": r["B"] * H * r["splits_fp8_tile"], "us": round(c["ms"] * 1e3, 1),
-                    "GBps": round(c["GBps"]), "pct_of_copy": round(c["pct_of_copy"], 1),
+        out.append({"B": r["B"], "launch": r["launch_fp8_tile"], "programs": r["B"] * H * r["splits_fp8_tile"],
+                    "us": round(c["ms"] * 1e3, 1), "GBps": round(c["GBps"]), "pct_of_copy": round(c["pct_of_copy"], 1),
                     "target_80": c["pct_of_copy"] >= 80, "sdpa_fp16_us": round(r["sdpa_fp16"]["ms"] * 1e3, 1),
-                    "sweep_best": (f"{b.get('num_splits')}x{b.get('block_t')}/w{b.get('num_warps')} {b.get('us')} us "
-                                   f"({b.get('pct_of_copy')} %)") if b else None,
-                    "mma_best": (f"x{mma[r['B']].get('block_t')} {mma[r['B']].get('us')} us ({mma[r['B']].get('pct_of_copy')} %)"
-                                 if mma.get(r["B"]) else None)})
+                    "sweep_best": f"{b['name']} {b['us']} us ({b['pct_of_copy']} %)" if b else None})
     print(f"\nFP8 cross-attention (tile scales, T={CROSS_T}, H={H}), chosen launch vs the copy bandwidth "
           f"{ceiling:.0f} GB/s (target >= 80 %)")
-    cols = ["B", "splits", "block_t", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "sweep_best",
-            "mma_best"]
+    cols = ["B", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "launch", "sweep_best"]
     print("  ".join(f"{c:>12}" for c in cols))
     for r in out:
         print("  ".join(f"{str(r[c]):>12}" for c in cols))
@@ -266,7 +434,10 @@ def fp8_summary(rows: list[dict], sweep_rows: list[dict] | None, ceiling: float)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench_attention.json", help="file name under the results directory")
-    parser.add_argument("--sweep", action="store_true", help="splits x BLOCK_T x warps x batch, tile-scaled fp8 cross")
+    parser.add_argument("--sweep", action="store_true", help="every candidate launch per batch, tile-scaled fp8 cross")
+    parser.add_argument("--warm-only", action="store_true", help="with --sweep: compile the candidates, time nothing")
+    parser.add_argument("--warm-part", default="0/1", help="with --warm-only: K/N, every N-th candidate from the K-th")
+    parser.add_argument("--table-out", default=None, help="with --sweep: the winners' table as JSON (results directory)")
     parser.add_argument("--no-table", action="store_true", help="only the sweep")
     parser.add_argument("--batches", default=None, help="comma list of cross-attention batches (table and sweep)")
     parser.add_argument("--no-self", action="store_true", help="leave out the self-attention rows")
@@ -276,12 +447,24 @@ def main() -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = False
     cross_batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else CROSS_BATCHES
+    if args.sweep and args.warm_only:
+        k, n = (int(x) for x in args.warm_part.split("/"))
+        sweep(0.0, cross_batches if args.batches else SWEEP_BATCHES, warm_only=True, warm_part=(k, n))
+        return
     ceiling = copy_bandwidth_gbps()
     rows = []
-    result = {"environment": environment(), "copy_bandwidth_GBps": ceiling, "rows": rows}
+    result = {"environment": environment(), "copy_bandwidth_GBps": ceiling, "rows": rows,
+              "fp8_tile_table": [[bh, launch._asdict()] for bh, launch in FP8_TILE_TABLE]}
     if args.sweep:  # first: the launch choice is what the next change needs
-        result["sweep"] = sweep(ceiling, cross_batches if args.batches else SWEEP_BATCHES)
+        def progress(partial):
+            write_json(args.out, {**result, "sweep": partial})
+            if args.table_out:
+                write_json(args.table_out, partial["table"])
+
+        result["sweep"] = sweep(ceiling, cross_batches if args.batches else SWEEP_BATCHES, progress=progress)
         write_json(args.out, result)
+        if args.table_out:
+            print("wrote", write_json(args.table_out, result["sweep"]["table"]))
     if not args.no_table:
         for B in cross_batches:
             lengths = torch.full((B,), CROSS_T, dtype=torch.int32, device=DEV)

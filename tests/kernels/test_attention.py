@@ -300,3 +300,127 @@ def test_full_length_reads_no_lengths(const):
         decode_attention_triton(q, k, v, torch.zeros_like(lengths), **args, out=out, num_splits=splits,
                                 const_strides=const, full_length=True)
         check(out, ref32, tol)
+
+
+# Session 7: the v7 kernel (cp.async-pipelined loop, per-position tile scales, one-pass split merge)
+# and the launch table. The interpreter runs every launch's code path at small B*H; CUDA adds the
+# large-v3 cross shape and graph replay of the one-pass merge.
+from cuda_ops.attention import (  # noqa: E402
+    FP8_TILE_TABLE,
+    Launch,
+    _LOCKS,
+    choose_fp8_tile_launch,
+    load_fp8_table,
+)
+
+V7_LAUNCHES = [
+    Launch("v7", 1, 64, 4, 3),  # pipelined, one split (pass 1 writes the output)
+    Launch("v7", 1, 32, 4, 5, maxnreg=64),  # deeper pipeline, register cap (ignored by the interpreter)
+    Launch("v7", 2, 32, 4, 4, one_pass=True),  # the last program of each (row, head) merges
+    Launch("v7", 3, 64, 2, 3, one_pass=True, const=True),
+    Launch("v7", 2, 128, 8, 2),  # two-pass merge (_decode_reduce_kernel)
+    Launch("v7", 1, 32, 4, 0),  # plain loop (no pipelining)
+    Launch("v7", 2, 64, 4, 4, one_pass=True, scalar_scales=True),  # a scalar scale load per tile
+]
+V7_SHAPES = [(3, 20, 1500), (7, 6, 300), (32, 20, 1500)] if CUDA else [(3, 3, 300), (2, 2, 1500)]
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["direct", "slots"])
+@pytest.mark.parametrize("B,H,T", V7_SHAPES)
+def test_v7_tile_scales_match_reference(B, H, T, slots):
+    """Every v7 launch shape against the fp32 reference: partial last tiles, a length-1 row, tiles of
+    different ranges, poisoned output; the one-pass counters are back to zero after each call."""
+    q, k, v, lengths, args = make_case(B, H, T, "fp8tile", slots, seed=11)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for launch in V7_LAUNCHES:
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, launch=launch)
+        check(out, ref32, tol)
+        if launch.one_pass:
+            assert int(_LOCKS[str(q.device)].abs().sum()) == 0, launch
+
+
+@pytest.mark.parametrize("kv", ["fp8", torch.float16], ids=["fp8", "fp16"])
+def test_v7_other_caches_match_reference(kv):
+    """v7 also takes fp16 K/V and a scale per (slot, head) (not in the table; kept correct)."""
+    q, k, v, lengths, args = make_case(3, 3, 300, kv, True, seed=12)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for launch in (Launch("v7", 1, 64, 4, 3), Launch("v7", 2, 32, 4, 3, one_pass=True)):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, lengths, **args, out=out, launch=launch)
+        check(out, ref32, tol)
+
+
+def test_v7_one_pass_zero_lengths_and_repeats():
+    """Rows of length 0 (every split empty) give zeros through the one-pass merge, and a second
+    call on the same counters gives the same output bit for bit."""
+    q, k, v, lengths, args = make_case(3, 2, 300, "fp8tile", False, seed=13)
+    lengths[1] = 0
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    launch = Launch("v7", 3, 32, 4, 3, one_pass=True)
+    first = decode_attention_triton(q, k, v, lengths, **args, launch=launch)
+    second = decode_attention_triton(q, k, v, lengths, **args, launch=launch)
+    assert torch.equal(first[1], torch.zeros_like(first[1]))
+    assert torch.equal(first, second)
+    check(first, ref32, 1e-2)
+
+
+def test_v7_full_length_reads_no_lengths():
+    q, k, v, lengths, args = make_case(2, 3, 300, "fp8tile", False, seed=14)
+    lengths.fill_(300)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    for launch in (Launch("v7", 1, 64, 4, 3), Launch("v7", 2, 32, 4, 3, one_pass=True, const=True)):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_triton(q, k, v, torch.zeros_like(lengths), **args, out=out, launch=launch, full_length=True)
+        check(out, ref32, tol)
+
+
+def test_fp8_tile_table_rows_and_json(tmp_path):
+    """The last row whose min_batch_heads <= B*H applies; split 0 is the automatic rule; counts are
+    rounded to whole scale tiles; a JSON table (the sweep's --table-out) loads to the same rows."""
+    assert FP8_TILE_TABLE[0][0] == 0
+    table = ((0, Launch()), (640, Launch("v7", 1, 32, 4, 4)), (2560, Launch("v7", 5, 64, 4, 3, maxnreg=96)))
+    assert choose_fp8_tile_launch(8 * 20, 1500, 132, table) == Launch(splits=4)  # auto: 4 at B=8
+    assert choose_fp8_tile_launch(639, 1500, 132, table) == Launch(splits=1)
+    assert choose_fp8_tile_launch(640, 1500, 132, table) == Launch("v7", 1, 32, 4, 4)
+    assert choose_fp8_tile_launch(5120, 1500, 132, table) == Launch("v7", 4, 64, 4, 3, maxnreg=96)  # 5 -> chunks of 3
+    path = tmp_path / "table.json"
+    path.write_text(__import__("json").dumps([[bh, launch._asdict()] for bh, launch in table]))
+    assert load_fp8_table(str(path)) == table
+    path.write_text('[[640, {"kernel": "v7"}]]')
+    with pytest.raises(ValueError, match="min_batch_heads 0"):
+        load_fp8_table(str(path))
+    path.write_text('[[0, {"kernel": "v9"}]]')
+    with pytest.raises(ValueError, match="unknown kernel"):
+        load_fp8_table(str(path))
+
+
+def test_launch_overrides_apply_to_the_chosen_launch():
+    """num_splits / block_t / num_warps / const_strides override fields of the launch given."""
+    q, k, v, lengths, args = make_case(2, 2, 300, "fp8tile", False, seed=15)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    tol = bound(q, k, v, lengths, args, ref32)
+    out = decode_attention_triton(q, k, v, lengths, **args, launch=Launch("v7", 0, 64, 4, 3), num_splits=2, block_t=32)
+    check(out, ref32, tol)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_v7_one_pass_under_graph_replay():
+    """The one-pass merge inside a CUDA graph, replayed with new queries: counters reset every replay."""
+    q, k, v, lengths, args = make_case(7, 20, 1500, "fp8tile", False, seed=16)
+    launch = Launch("v7", 3, 32, 4, 4, one_pass=True)
+    out = torch.empty_like(q)
+    decode_attention_triton(q, k, v, lengths, **args, out=out, launch=launch)  # compile, make the counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention_triton(q, k, v, lengths, **args, out=out, launch=launch)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+        check(out, ref32, bound(q, k, v, lengths, args, ref32))
+    assert int(_LOCKS[str(q.device)].abs().sum()) == 0

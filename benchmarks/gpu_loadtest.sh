@@ -90,6 +90,9 @@ elif [ "${PLAN:-full}" = s7d ]; then  # session 7: + the model thread's CPU ops 
   run tiny_t1 110 --model tiny.en --clients 600,800,1000
   live p3_all 90 --overlap-encoder --sessions 200,400 $NOEG
   OVERLAP_ENCODER=1 ENCODER_GRAPHS=0 run turbo_t1_noeg 60 --model "$TURBO" --clients 200
+elif [ "${PLAN:-full}" = s7e ]; then  # session 7: s7d's settings with the release fix, turbo to 400, tiny.en 400/600
+  OVERLAP_ENCODER=1 run turbo_e 130 --model "$TURBO" --clients 200,300,400
+  run tiny_e 90 --model tiny.en --clients 400,600
 elif [ "${PLAN:-full}" = s7b ]; then  # session 7: tiny.en old (session 5) and new gateway in one call, then past 600
   old tiny_s5 90 --model tiny.en --clients 600
   run tiny_s7 90 --model tiny.en --clients 600

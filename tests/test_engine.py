@@ -13,7 +13,7 @@ import torch
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig
 from streamer.engine.engine import Cancelled, Engine
-from streamer.engine.request import DecodeOptions, Priority
+from streamer.engine.request import DecodeOptions, Priority, Request
 from streamer.engine.scheduler import QueueFull
 from streamer.model.weights import load_model
 
@@ -428,3 +428,17 @@ def test_the_runner_refuses_a_plan_that_is_not_its_state(tiny):
             engine.runner.execute(StepPlan(decode=["nobody"]))
     finally:
         engine.close()
+
+
+def test_a_batch_in_its_encoder_pass_survives_releases_in_two_steps():
+    """Requests released while their batch is on the side stream are marked, step after step: a
+    second release in a later step must skip the rows marked by the first (it raised before, and the
+    failed step failed every window in it: seen at 200 live turbo-shape streams on the H200)."""
+    from streamer.engine.runner import _Encoding
+
+    reqs = [Request(id=i, audio=np.zeros(160, np.float32), priority=Priority.PARTIAL, deadline=0.0, arrival=0.0)
+            for i in ("a", "b", "c")]
+    batch = _Encoding(list(reqs), torch.zeros(3, 2), done=None)
+    batch.release({"a"})
+    batch.release({"b", "x"})
+    assert batch.requests == [None, None, reqs[2]]

@@ -90,9 +90,13 @@ class Sequence:
 class _Encoding:
     """A batch in its encoder pass on the side stream."""
 
-    requests: list
+    requests: list  # None where a request was released (cancelled) during the pass
     features: torch.Tensor
     done: torch.cuda.Event
+
+    def release(self, gone: set[str]) -> None:
+        """Mark the requests in `gone` as released; their rows of `features` are then skipped."""
+        self.requests = [r if r is not None and r.id not in gone else None for r in self.requests]
 
 
 @dataclass
@@ -189,7 +193,7 @@ class Runner:
             gone = set(released)
             self._remove_rows([i for i, s in enumerate(self.slots) if s.id in gone])
             for batch in self.encoding:
-                batch.requests = [r if r.id not in gone else None for r in batch.requests]
+                batch.release(gone)
         if encode and self.side is not None:
             t0 = time.perf_counter()
             self.side.wait_stream(torch.cuda.current_stream())

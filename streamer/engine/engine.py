@@ -342,8 +342,8 @@ class Engine:
         # This thread's own setting. On a GPU its CPU-side ops are bookkeeping (joining the clips
         # of a batch, small index tensors): on one thread, because an OpenMP region over every
         # core waits for the last of its threads, and beside 8 gateways and a load client some are
-        # always descheduled: joining a batch's clips took 25 % of the engine core's model thread
-        # at 200 live turbo-shape streams on the H200 (py-spy), in a process alone it is negligible.
+        # always descheduled. Joining a batch's clips was 25 % of the model thread's samples at 200
+        # live turbo-shape streams on the H200 (py-spy); with this and the encoder graphs, none.
         torch.set_num_threads(self.cpu_threads if self.runner.device.type == "cpu" else 1)
         while True:
             if self._calls:

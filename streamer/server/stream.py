@@ -23,8 +23,9 @@ import secrets
 
 from starlette.websockets import WebSocket
 
-from streamer.protocols.native import (Audio, Close, DecodeFailed, Flush, NativeProtocol, Output, Resume, Send,
-                                       SessionLog, Start, Stop, session_message)
+from streamer.protocols.native import (Audio, DecodeFailed, Flush, NativeProtocol, Output, Resume, SessionLog, Start,
+                                       Stop, session_message)
+from streamer.protocols.outputs import Close, Send
 from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions
 from streamer.server.auth import presented_key
 from streamer.server.bridge import Bridge, StreamEvent

@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from streamer.audio import SAMPLE_RATE
-from streamer.protocols.native import Close, DataChannelProtocol, DecodeFailed, Flush, Output, Send, Stop, session_message
+from streamer.protocols.native import DataChannelProtocol, DecodeFailed, Flush, Output, Stop, session_message
+from streamer.protocols.outputs import Close, Send
 from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, parse_start
 from streamer.protocols.validation import ValidationError, parse_json
 from streamer.server.auth import error_body

@@ -110,6 +110,9 @@ class StreamingConfig:
     prompt_reset_pause_s: float = 10.0
     """After a pause this long between finals the previous text no longer prompts: a new topic or
     speaker, and an odd spelling carried on is the worse risk."""
+    manual_commit: bool = False
+    """The client cuts utterances (`Session.flush`), not the VAD: OpenAI Realtime's
+    `turn_detection: null` (`audio/vad.py` `ManualSegmenter`)."""
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,36 @@ def test_when_every_temperature_fails_the_best_attempt_is_kept(engine, jfk_path)
                            "ask what you can do for your country.")
 
 
+def test_fallback_retries_keep_their_window_id_and_can_be_cancelled(engine, jfk_path):
+    """A retry is the same window id one attempt further through the scheduler, never an id made
+    from its parts: a gateway's ids hold a dot (`g…-abc.5`), and two of its windows' retries
+    were once both named `g…-abc.1` (the second a duplicate id in the scheduler)."""
+    audio = decode_audio(jfk_path)[: 3 * 16000]
+    options = DecodeOptions(temperatures=(0.0, 0.2, 0.4), logprob_threshold=0.0, no_speech_threshold=None)
+    done: dict[str, tuple] = {}
+    settled = threading.Event()
+
+    def on_done(request_id):
+        def record(result, error):
+            done[request_id] = (result, error)
+            if len(done) == 3:
+                settled.set()
+        return record
+
+    ids = ("g7-abc.5", "g7-abc.7", "g7-abc.9")
+    for request_id in ids:
+        engine.enqueue(request_id, audio, options, priority=Priority.FILE, on_done=on_done(request_id))
+    while engine._tickets.get(ids[2]) is None or engine._tickets[ids[2]].request.attempt == 0:
+        assert not settled.is_set(), "the third window settled before its first retry"
+        time.sleep(0.01)
+    engine.cancel_request(ids[2])  # its retry is queued or decoding under its own id
+    assert settled.wait(120)
+    for request_id in ids[:2]:
+        result, error = done[request_id]
+        assert error is None and result.request_id == request_id and result.temperature == 0.0
+    assert isinstance(done[ids[2]][1], Cancelled)
+
+
 def test_best_attempt_skips_loops_that_ran_to_the_token_limit():
     from streamer.engine.request import Result
     from streamer.model.decoding import best_attempt

@@ -68,7 +68,7 @@ def test_live_finals_of_a_six_minute_recording_match_offline(engine, long_row):
 
 
 def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():
-    from streamer.server.stream import ProtocolError, parse_start
+    from streamer.protocols.start import ProtocolError, parse_start
 
     defaults = StreamingConfig()
     start = parse_start({"type": "start", "condition_on_previous_text": False, "prompt": " Kennedy. "}, defaults, False, {"en"})

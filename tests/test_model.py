@@ -13,6 +13,7 @@ from streamer.audio.decode import decode_audio
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.request import DecodeOptions, Priority, Request
 from streamer.engine.runner import Runner
+from streamer.model.decoding import initial_tokens
 from streamer.model.cpu_linear import HALF_LINEARS, HalfWeightLinear, HalfWeightProjection, with_half_weights
 from streamer.model.weights import WeightsError, load_model, read_ct2, save_hf_checkpoint
 from streamer.model.whisper import KVCache, PassCache
@@ -44,8 +45,9 @@ def greedy(loaded, audios, language=None, prompt=None):
     """Greedy tokens of each clip, all decoded together in one runner (continuous batching)."""
     options = DecodeOptions(language=language, prompt=prompt, temperatures=(0.0,))
     runner = Runner(loaded, n_slots=len(audios))
-    reqs = [Request(id=str(i), audio=a, options=options, priority=Priority.FILE, deadline=0.0, arrival=0.0)
-            for i, a in enumerate(audios)]
+    initial = initial_tokens(options, loaded.tokenizer, loaded.dims.n_text_ctx)
+    reqs = [Request(id=str(i), audio=a, options=options, initial=initial, priority=Priority.FILE, deadline=0.0,
+                    arrival=0.0) for i, a in enumerate(audios)]
     done = runner.step(reqs).finished
     while runner.live:
         done += runner.step([]).finished

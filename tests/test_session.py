@@ -14,7 +14,7 @@ from streamer.config import StreamingConfig, VADConfig
 from streamer import types
 from streamer.engine import request
 from streamer.model.decoding import DecodeOptions, judge
-from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
+from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId
 from streamer.streaming.session import Session
 
 SR = 16000
@@ -316,5 +316,5 @@ def test_wire_format():
     f = Final(3, "a b", 1.0, 2.0, words, "en", 0.01, -0.2).to_dict()
     assert f["type"] == "final" and f["words"][0]["start"] == 1.0 and f["language"] == "en"
     assert set(f) == {"type", "utterance_id", "text", "start", "end", "words", "language", "no_speech_prob", "avg_logprob"}
-    w = SubmitWindow("1.final", "final", np.zeros(SR, np.float32), 2.0, 1, None)
-    assert w.end == 3.0 and not hasattr(w, "to_dict")
+    w = SubmitWindow(WindowId(1, "final"), np.zeros(SR, np.float32), 2.0, None)
+    assert w.end == 3.0 and (w.kind, w.utterance_id) == ("final", 1) and not hasattr(w, "to_dict")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamer.audio.decode import decode_audio
-from streamer.audio.vad import FRAME, SileroVAD, UtteranceSegmenter, frame_rms, speech_segments
+from streamer.audio.vad import FRAME, ManualSegmenter, SileroVAD, UtteranceSegmenter, frame_rms, speech_segments
 from streamer.config import VADConfig
 
 LONG = "long/asterisk_en_6min.ogg"
@@ -179,3 +179,30 @@ def test_segmenter_discards_cut_remainder_without_speech():
     events = run(UtteranceSegmenter(config), [0.9] * 121 + [0.0] * 3 + [0.9] * 2 + [0.0] * 20)
     expected = [(6, "start", 0), (125, "cut", 122 * FRAME), (133, "discard", 126 * FRAME)]
     assert [(i, k, s) for i, k, s, _ in events] == expected
+
+
+def test_manual_segmenter_leaves_the_cutting_to_the_client(vad, long_audio):
+    """An utterance from the first frame after each flush to the next flush, whatever the VAD
+    hears; past max_utterance_s a cut at the quietest point, as a VAD with threshold 0 that never
+    ends speech would do (how Realtime's `turn_detection: null` used to be run)."""
+    audio = long_audio[: 90 * 16000]
+    probs = vad.probabilities(vad.new_state(), audio).tolist()
+    levels = frame_rms(audio[: len(probs) * FRAME].reshape(-1, FRAME)).tolist()
+    config = VADConfig(max_utterance_s=20.0)
+    always = VADConfig(threshold=0.0, neg_threshold=0.0, min_silence_ms=10**9, speech_pad_ms=0, min_speech_ms=0,
+                       max_utterance_s=20.0)
+    flushes = {int(s * 16000 / FRAME): int(s * 16000) + 100 for s in (3.3, 4.0, 31.7, 90.0)}  # frame -> sample
+    got = []
+    for segmenter in (ManualSegmenter(config), UtteranceSegmenter(always)):
+        events = []
+        for i, (p, r) in enumerate(zip(probs, levels)):
+            events += segmenter.push(p, r)
+            if i in flushes:
+                events += segmenter.flush(flushes[i])
+        got.append(events)
+    manual, reference = got
+    assert manual == reference
+    kinds = [e.kind for e in manual]
+    assert kinds[:4] == ["start", "end", "start", "end"] and manual[0].sample == 0 and manual[1].sample == flushes[103]
+    assert kinds.count("cut") >= 2  # 27.7 s between two flushes, then 58 s: cut at 20 s at the latest
+    assert all(b.sample - a.sample <= 20 * 16000 for a, b in zip(manual, manual[1:]) if a.kind != "end")

@@ -15,6 +15,7 @@ Fewer, longer calls also hold the GIL less (ONNX Runtime releases it while it co
 `UtteranceSegmenter` is pure: per-frame probabilities in, utterance boundaries out. Its
 start/end rules mirror the package's `get_speech_timestamps` so that live cutting and offline
 chunking agree with it; max-length cuts are our own (at the quietest recent point).
+`ManualSegmenter` leaves the cutting to the client but for the max-length cuts.
 """
 
 from __future__ import annotations
@@ -299,6 +300,34 @@ class UtteranceSegmenter:
         self._cand = nxt
         self._floor = cut
         return events
+
+
+class ManualSegmenter(UtteranceSegmenter):
+    """The client cuts utterances (`flush`), as in OpenAI Realtime's `turn_detection: null`: one
+    opens at the first frame after the last one closed and holds all the audio until the next
+    `flush`, whatever the VAD hears (no padding, no minimum speech, no end by silence). Past
+    `max_utterance_s` it is cut like any other, where the probabilities and the level are lowest."""
+
+    def __init__(self, config: VADConfig, sample_rate: int = SAMPLE_RATE):
+        super().__init__(config, sample_rate)
+        self.pad = 0
+        self.min_speech = 0
+
+    def push(self, prob: float, rms: float = 0.0) -> list[VADEvent]:
+        cur = self.frames * FRAME
+        self.frames += 1
+        cand = self._cand
+        if cand is None:
+            # After a flush the frame may straddle the end of the last utterance.
+            start = max(self._floor, cur)
+            self._cand = _Candidate(start=start, speech=start, confirmed=True)
+            self._record(self._cand, start, prob, rms)
+            return [VADEvent("start", start, start)]
+        cand.probs.append(prob)
+        cand.rms.append(rms)
+        if cur + FRAME - cand.start > self.max_length:
+            return self._cut(cand, cur + FRAME)
+        return []
 
 
 def _smooth(x: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ from streamer.engine.request import SAMPLE_RATE, DecodeOptions, check_options, P
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
 from streamer.engine.admission import Quotas
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
-from streamer.model.decoding import best_attempt, compression_ratio, judge, split_segments
+from streamer.model.decoding import best_attempt, compression_ratio, initial_tokens, judge, split_segments
 from streamer.model.weights import LoadedModel, load_model
 from streamer.model.whisper import KVCache
 from streamer.types import Segment
@@ -150,7 +150,8 @@ class Engine:
         scheduler = Scheduler(SchedulerConfig(max_slots=self.runner.n_slots, max_encoder_batch=2))
         for i, batch in enumerate(batches):
             for j, o in enumerate(batch):
-                scheduler.add(Request(id=f"warmup{i}.{j}", audio=silence, options=dataclasses.replace(o, temperatures=(0.0,)),
+                o = dataclasses.replace(o, temperatures=(0.0,))
+                scheduler.add(Request(id=f"warmup{i}.{j}", audio=silence, options=o, initial=self._initial(o),
                                       priority=Priority.FILE, deadline=0.0, arrival=0.0))
             for k in range(WARMUP_MAX_STEPS + 2):
                 if k == WARMUP_MAX_STEPS:  # silence usually ends at once; whatever is left goes
@@ -239,6 +240,10 @@ class Engine:
         """Raise ValueError now, in the caller's thread, for options the model cannot take."""
         check_options(options, self.tokenizer)
 
+    def _initial(self, options: DecodeOptions):
+        """The window's prompt, SOT sequence and prefix as tokens, built in the caller's thread."""
+        return initial_tokens(options, self.tokenizer, self.loaded.dims.n_text_ctx)
+
     def enqueue(self, request_id: str, audio: np.ndarray, options: DecodeOptions, *, priority: Priority,
                 on_done: Callable[[Result | None, Exception | None], None],
                 on_tokens: Callable[[list[int]], None] | None = None, session_id: str | None = None,
@@ -258,8 +263,9 @@ class Engine:
             n = max(1, round(rate * len(audio) / SAMPLE_RATE))
             options = dataclasses.replace(options, max_new_tokens=min(n, options.max_new_tokens or n),
                                           temperatures=(0.0,), beam_size=1)
-        request = Request(id=request_id, audio=np.asarray(audio, np.float32), options=options, priority=priority,
-                          session_id=session_id, deadline=deadline, arrival=now)
+        request = Request(id=request_id, audio=np.asarray(audio, np.float32), options=options,
+                          initial=self._initial(options), priority=priority, session_id=session_id,
+                          deadline=deadline, arrival=now)
         ticket = Ticket(request, on_done, on_tokens)
         with self._cond:
             replaced = self.scheduler.add(request)  # raises QueueFull
@@ -413,34 +419,44 @@ class Engine:
     def _complete(self, seq: Sequence) -> None:
         """Turn a finished sequence into a Result, or retry it hotter (temperature fallback).
 
-        When every temperature fails the checks, the best attempt is kept (`best_attempt`), not
-        the hottest one as openai/whisper does: speech that repeats itself legitimately can fail
-        the compression check at every temperature, and the hottest sample is then random text."""
+        A retry is the same window under the same id, one attempt further, queued through the
+        scheduler; its ticket stays registered meanwhile, so a cancel reaches it. When every
+        temperature fails the checks, the best attempt is kept (`best_attempt`), not the hottest
+        one as openai/whisper does: speech that repeats itself legitimately can fail the
+        compression check at every temperature, and the hottest sample is then random text."""
         req = seq.request
         opts = req.options
         result = self.build_result(seq)
         with self._cond:
-            ticket = self._tickets.pop(req.id, None)
-        if result.verdict.fallback and ticket is not None:
-            ticket.attempts.append(result)
-            if req.attempt + 1 < len(opts.temperatures) and not self._closed:
-                # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
-                retry = dataclasses.replace(req, id=f"{req.id.split('.')[0]}.{req.attempt + 1}", attempt=req.attempt + 1,
-                                            temperature=opts.temperatures[req.attempt + 1], state=RequestState.QUEUED,
-                                            options=dataclasses.replace(opts, beam_size=1), n_slots=1)
-                with self._cond:
-                    ticket.request = retry
-                    try:
-                        self.scheduler.add(retry)
-                        self._tickets[retry.id] = ticket
-                        self._cond.notify()
-                        return
-                    except QueueFull:
-                        pass  # no room for a retry: settle with the attempts so far
-            result = best_attempt(ticket.attempts, opts.compression_ratio_threshold)
+            ticket = self._tickets.get(req.id)
+            if ticket is not None and result.verdict.fallback:
+                ticket.attempts.append(result)
+                if self._retry(ticket):
+                    return
+                result = best_attempt(ticket.attempts, opts.compression_ratio_threshold)
+            self._tickets.pop(req.id, None)
         if ticket is not None:
             result.first_token_s = None if ticket.first_token_at is None else ticket.first_token_at - req.arrival
         self._finish(ticket, result=result)
+
+    def _retry(self, ticket: Ticket) -> bool:
+        """Queue the ticket's window at the next temperature (under `_cond`); False when none is
+        left, the engine is closing, or the queue has no room (it settles with its attempts)."""
+        req = ticket.request
+        attempt = req.attempt + 1
+        if attempt >= len(req.options.temperatures) or self._closed:
+            return False
+        # A hotter attempt samples: one slot, no beams (openai/whisper does the same).
+        retry = dataclasses.replace(req, attempt=attempt, temperature=req.options.temperatures[attempt],
+                                    state=RequestState.QUEUED, options=dataclasses.replace(req.options, beam_size=1),
+                                    n_slots=1, error=None)
+        try:
+            self.scheduler.add(retry)
+        except QueueFull:
+            return False
+        ticket.request = retry
+        self._cond.notify()
+        return True
 
     def build_result(self, seq: Sequence) -> Result:
         tok = self.tokenizer
@@ -464,7 +480,7 @@ class Engine:
                                             tokens=seg_tokens, avg_logprob=avg_logprob, no_speech_prob=seq.no_speech_prob,
                                             compression_ratio=ratio, temperature=req.temperature))
         text = "".join(s.text for s in segments)
-        return Result(request_id=req.id.split(".")[0], text=text.strip(), tokens=tokens, segments=segments,
+        return Result(request_id=req.id, text=text.strip(), tokens=tokens, segments=segments,
                       language=seq.language, avg_logprob=avg_logprob, no_speech_prob=seq.no_speech_prob,
                       compression_ratio=ratio, temperature=req.temperature, duration=duration,
                       truncated=truncated, verdict=verdict, token_logprobs=logprobs)

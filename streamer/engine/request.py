@@ -12,7 +12,7 @@ from enum import Enum, IntEnum
 from typing import Any
 
 from streamer.audio import SAMPLE_RATE
-from streamer.model.decoding import TASKS, DecodeOptions, Verdict
+from streamer.model.decoding import TASKS, DecodeOptions, InitialTokens, Verdict
 from streamer.types import Segment
 
 __all__ = ["DecodeOptions", "Verdict", "TASKS", "Priority", "RequestState", "Request", "Result"]
@@ -62,6 +62,9 @@ class Request:
     """float32 mono samples at 16 kHz (np.ndarray), at most 30 s."""
     options: DecodeOptions = field(default_factory=DecodeOptions)
     """How to decode it."""
+    initial: InitialTokens | None = None
+    """Prompt, SOT sequence and prefix, built from `options` at submit time
+    (`decoding.initial_tokens`); the runner needs them, the scheduler does not."""
     priority: Priority
     """Admission class: finals, then partials, then file chunks."""
     session_id: str | None = None

@@ -481,31 +481,35 @@ class Runner:
         return _EncoderGraph(graph, static, out)
 
     def _admit(self, requests: list, out: StepResult, audio_features: torch.Tensor | None = None) -> None:
-        """Prefill `requests` into free slots; `audio_features` when their encoder pass already ran."""
+        """Admit `requests` into free slots: their windows' cross K/V (encoded now unless
+        `audio_features` come from an encoder pass that already ran), language detection, prefill
+        and the first sampled token."""
         # A beam search of width n takes n rows; its window is encoded once and its K/V copied.
         expanded = [r for r in requests for _ in range(r.options.beam_size)]
         k, lo = len(expanded), len(self.slots)
         if lo + k > self.n_slots:
             raise RuntimeError(f"{lo + k} sequences for {self.n_slots} slots: the scheduler over-admitted")
-        dec = self.model.decoder
         if audio_features is None:
             audio_features = self._encode(requests)
         if k != len(requests):
             widths = torch.tensor([r.options.beam_size for r in requests], device=self.device)
             audio_features = audio_features.repeat_interleave(widths, dim=0)
-        dec.write_cross_kv(audio_features, self.cache, lo)
+        self.model.decoder.write_cross_kv(audio_features, self.cache, lo)
+        seqs = self._sequences(expanded, self._languages(expanded, lo))
+        logits = self._prefill(seqs, lo)
+        self._sample_first(seqs, logits, lo, out)
+        out.encoded.extend(r.id for r in requests)
 
-        languages = self._languages(expanded, lo)
+    def _sequences(self, requests: list, languages: list[str]) -> list[Sequence]:
+        """One `Sequence` per row: its initial tokens (built at submit time) with the language in
+        place, token limit, beam group and, for a sampled attempt, its own seeded generator."""
         seqs, groups = [], {}
-        for r, language in zip(expanded, languages):
+        for r, language in zip(requests, languages):
             opts = r.options
-            if opts.prompt_tokens:
-                prompt = self.tok.prompt_from_tokens(opts.prompt_tokens, self.dims.n_text_ctx // 2)
-            else:
-                prompt = self.tok.prompt_tokens(opts.prompt, self.dims.n_text_ctx // 2)
-            initial = prompt + self.tok.sot_sequence(language, opts.task, opts.timestamps)
-            if opts.prefix:
-                initial += self.tok.encode(" " + opts.prefix.strip())
+            if r.initial is None:
+                raise ValueError(f"request {r.id} has no initial tokens (decoding.initial_tokens builds them at submit)")
+            initial = r.initial.with_language(self.tok.language_token(language)) if r.initial.language_index is not None \
+                else list(r.initial.tokens)
             limit = min(opts.max_new_tokens or self.max_new_tokens, self.dims.n_text_ctx - len(initial))
             group = None
             if opts.beam_size > 1:
@@ -515,36 +519,46 @@ class Runner:
             if r.temperature > 0:
                 generator = torch.Generator(self.device)
                 generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(r.audio), r.attempt))
-            seqs.append(Sequence(r, initial, len(prompt), language, limit, group=group, generator=generator))
+            seqs.append(Sequence(r, initial, r.initial.sot_index, language, limit, group=group, generator=generator))
+        return seqs
 
-        length = max(len(s.initial) for s in seqs)
-        tokens = torch.full((k, length), self.tok.eot, dtype=torch.long)
+    def _prefill(self, seqs: list[Sequence], lo: int) -> torch.Tensor:
+        """Feed each sequence's initial tokens into slots `lo...` (self-attention K/V written);
+        sets its no-speech probability and returns the logits after its last initial token [k, V]."""
+        dec = self.model.decoder
+        k, length = len(seqs), max(len(s.initial) for s in seqs)
+        tokens = torch.full((k, length), self.tok.eot, dtype=torch.long)  # [k, T], shorter rows padded
         for i, s in enumerate(seqs):
             tokens[i, :len(s.initial)] = torch.tensor(s.initial)
         tokens = tokens.to(self.device)
         positions = torch.arange(length, device=self.device).expand(k, length)
-        hidden = dec(tokens, positions, lo, self.cache, length)
+        hidden = dec(tokens, positions, lo, self.cache, length)  # [k, T, D]
         rows = torch.arange(k, device=self.device)
         last = torch.tensor([len(s.initial) - 1 for s in seqs], device=self.device)
         sot = torch.tensor([s.sot_index for s in seqs], device=self.device)
-        logits = dec.logits(hidden[rows, last])
         no_speech = dec.logits(hidden[rows, sot]).softmax(-1)[:, self.tok.no_speech].tolist()
+        for s, p in zip(seqs, no_speech):
+            s.no_speech_prob = p
+        return dec.logits(hidden[rows, last])
 
+    def _sample_first(self, seqs: list[Sequence], logits: torch.Tensor, lo: int, out: StepResult) -> None:
+        """Sample each new row's first token from its prefill `logits`, set its sampler state and
+        step inputs, and take the rows into `slots` (beam groups pick their first beams)."""
+        k = len(seqs)
+        requests = [s.request for s in seqs]
         rs = slice(lo, lo + k)
-        self.state.reset(rs, [r.options.timestamps for r in expanded], [r.temperature for r in expanded])
+        self.state.reset(rs, [r.options.timestamps for r in requests], [r.temperature for r in requests])
         hot = any(r.temperature > 0 for r in requests)
         noise = self._noise(torch.full((k, self.dims.n_vocab), 0.5, device=self.device), seqs) if hot else None
         sampled, logprobs, top = self.rules.sample(logits, self.state.rows(rs), noise,
                                                    any(r.options.timestamps for r in requests), TOPK)
         self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)
         self.tokens_in[rs] = sampled
-        self.positions[rs] = last + 1
-        for s, p in zip(seqs, no_speech):
-            s.no_speech_prob = p
+        self.positions[rs] = torch.tensor([len(s.initial) for s in seqs], device=self.device)
         self.slots.extend(seqs)
-        out.encoded.extend(r.id for r in requests)
-        top = (torch.cat([torch.zeros(lo, TOPK), top[0].float().cpu()]), torch.cat([torch.zeros(lo, TOPK, dtype=torch.long), top[1].cpu()])) \
-            if groups else None
+        beams = any(s.group is not None for s in seqs)
+        top = (torch.cat([torch.zeros(lo, TOPK), top[0].float().cpu()]),
+               torch.cat([torch.zeros(lo, TOPK, dtype=torch.long), top[1].cpu()])) if beams else None
         self._record(list(range(lo, lo + k)), sampled.tolist(), logprobs.float().tolist(), top, out)
 
     def _languages(self, requests: list, lo: int) -> list[str]:

@@ -98,6 +98,43 @@ class DecodeOptions:
 
 
 @dataclass(frozen=True)
+class InitialTokens:
+    """What the decoder is fed before it samples: the `<|startofprev|>` prompt, the SOT sequence and
+    the forced prefix, built once from the options when the window is submitted (openai/whisper's
+    `DecodingTask._get_initial_tokens`), so that the model thread tokenizes nothing."""
+
+    tokens: tuple[int, ...]
+    sot_index: int
+    """Position of `<|startoftranscript|>`: the no-speech probability is read from its logits."""
+    language_index: int | None = None
+    """Position of the language token to set once the language is detected (a multilingual
+    model and no language given; a placeholder stands there until then); None otherwise."""
+
+    def with_language(self, token: int) -> list[int]:
+        """The tokens with the detected language's `token` in place (as they are when none is to be detected)."""
+        tokens = list(self.tokens)
+        if self.language_index is not None:
+            tokens[self.language_index] = token
+        return tokens
+
+
+def initial_tokens(options: DecodeOptions, tokenizer: "Tokenizer", n_text_ctx: int) -> InitialTokens:
+    """The initial tokens of a window decoded with `options`: a prompt of at most half the text
+    context, the SOT sequence (language, task, `<|notimestamps|>`) and the prefix. Raises
+    ValueError for prompt tokens the model cannot take."""
+    if options.prompt_tokens:
+        prompt = tokenizer.prompt_from_tokens(options.prompt_tokens, n_text_ctx // 2)
+    else:
+        prompt = tokenizer.prompt_tokens(options.prompt, n_text_ctx // 2)
+    detect = tokenizer.multilingual and options.language is None
+    # English stands in for a language still to be detected (the runner sets it before prefill).
+    sot = tokenizer.sot_sequence("en" if detect else options.language, options.task, options.timestamps)
+    prefix = tokenizer.encode(" " + options.prefix.strip()) if options.prefix else []
+    return InitialTokens(tuple(prompt + sot + prefix), sot_index=len(prompt),
+                         language_index=len(prompt) + 1 if detect else None)
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What a decode is, judged once (`judge`) with the request's thresholds."""
 

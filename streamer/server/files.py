@@ -32,7 +32,7 @@ from streamer.longform import MODES, Transcript, transcribe_long
 from streamer.longform.transcript import merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.model.tokenizer import TO_LANGUAGE_CODE
-from streamer.server import validation as v
+from streamer.protocols import validation as v
 from streamer.server.auth import error_body
 
 log = logging.getLogger("streamer.server")

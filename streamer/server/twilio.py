@@ -33,13 +33,13 @@ from urllib.parse import quote
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
+from streamer.protocols.native import event_dict
 from streamer.server.auth import authorized, presented_key
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.relay import Peers, pipe, relayed
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream
 from streamer.server.state import ServerState
-from streamer.server.stream import event_dict
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")

@@ -2,8 +2,10 @@
 
 One aiortc `RTCPeerConnection` per offer. The client's audio track (Opus) is decoded by aiortc,
 resampled to 16 kHz mono and fed to a `Bridge`; the `/v1/stream` events go back as JSON text on
-the data channel `events` that the client created. Signalling is one request with the complete
-offer (no trickle ICE): aiortc gathers its candidates before `setLocalDescription` returns.
+the data channel `events` that the client created, whose messages are the native protocol's
+(`protocols/native.py`: `DataChannelProtocol`, `session_message`). Signalling is one request
+with the complete offer (no trickle ICE): aiortc gathers its candidates before
+`setLocalDescription` returns.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from streamer.audio import SAMPLE_RATE
+from streamer.protocols.native import DataChannelProtocol, DecodeFailed, Flush, Output, Stop, session_message
+from streamer.protocols.outputs import Close, Send
+from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, parse_start
+from streamer.protocols.validation import ValidationError, parse_json
 from streamer.server.auth import error_body
-from streamer.server.bridge import Bridge, Finalized, StreamEvent
+from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S
 from streamer.server.state import ServerState
-from streamer.server.stream import ProtocolError, StartOptions, event_dict, model_info, parse_message, parse_start
-from streamer.server.validation import ValidationError, parse_json
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -76,12 +80,12 @@ class WebRtcStream:
         self.address = address
         self._counted = True
         """`address` is counted in `state.clients` (offer_endpoint acquired it) until close()."""
-        multilingual, _ = model_info(state)
-        self.language = start.streaming.language if multilingual else "en"
-        self.task = start.streaming.task
+        model = ModelInfo.of(state.engine)
+        self.protocol = DataChannelProtocol(state.settings.streaming, model, start)
+        self.language = model.decoder_language(start.streaming.language)
         session = Session(start.streaming, state.vad)
         self.bridge = Bridge(session, state.engine, state.metrics, self._emit, session_id=self.session_id,
-                             language=self.language, task=self.task, cadence=state.cadence)
+                             language=self.language, task=start.streaming.task, cadence=state.cadence)
         servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
                    for s in state.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
@@ -130,8 +134,7 @@ class WebRtcStream:
             return
         self.channel = channel
         channel.on("message", self._on_message)
-        self._send({"type": "ready", "session_id": self.session_id, "model": self.state.engine.model_name,
-                    "sample_rate": 48000, "language": self.language, "task": self.task})
+        self._carry_out(self.protocol.started(self.session_id, self.protocol.start, self.language, None))
         for message in self._pending:
             self._send(message)
         self._pending.clear()
@@ -139,31 +142,27 @@ class WebRtcStream:
     def _on_message(self, data) -> None:
         self._last_activity = time.monotonic()
         try:
-            if not isinstance(data, str):
-                raise ProtocolError("bad_frame", "send audio as the RTP track; the data channel takes JSON text only")
-            kind, msg = parse_message(data)
-            if kind == "stop":
-                self._spawn(self._end("stop", FINISH_TIMEOUT_S))
-            elif kind == "flush":
-                self.bridge.flush()
-            elif kind == "ping":
-                self._send({"type": "pong", **({"id": msg["id"]} if "id" in msg else {})})
-            elif kind == "start":
-                raise ProtocolError("already_started", "the offer's `start` started the stream")
-            else:
-                raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
-        except ProtocolError as e:
-            self._send(e.event())
+            self._carry_out(self.protocol.receive_text(data) if isinstance(data, str) else self.protocol.receive_bytes(data))
         except Exception as e:  # a bug: the message is refused, the stream goes on
             log.exception("webrtc %s: internal error on a client message", self.session_id)
             self._send({"type": "error", "code": "internal", "message": f"internal error: {type(e).__name__}"})
 
+    def _carry_out(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            if isinstance(out, Send):
+                self._send(out.message)
+            elif isinstance(out, Stop):
+                self._spawn(self._end("stop", FINISH_TIMEOUT_S))
+            elif isinstance(out, Flush):
+                self.bridge.flush()
+            elif not isinstance(out, Close):  # (the peer connection closes once the channel has drained)
+                raise RuntimeError(f"the data channel's protocol asked for {out!r}")
+
     def _emit(self, event: StreamEvent) -> None:
-        if isinstance(event, Finalized) and event.error is not None:
-            self._spawn(self._fail(f"decoding utterance {event.utterance_id} failed: {event.error}"))
-            return
-        message = event_dict(event)
-        if message is not None:
+        message = session_message(event, None)
+        if isinstance(message, DecodeFailed):
+            self._spawn(self._fail(message.message))
+        elif message is not None:
             self._send(message)
 
     def _send(self, message: dict) -> None:
@@ -191,7 +190,7 @@ class WebRtcStream:
         self._ending = True
         try:
             await self.bridge.finish(timeout)
-            self._send({"type": "closed", "reason": reason})
+            self._carry_out(self.protocol.close(reason))
             await self._drain_channel()
         finally:
             await self.close()
@@ -202,8 +201,7 @@ class WebRtcStream:
             return
         self._ending = True
         self.bridge.close()
-        self._send({"type": "error", "code": "internal", "message": message})
-        self._send({"type": "closed", "reason": "error"})
+        self._carry_out(self.protocol.fail("internal", message, 1011))
         try:
             await self._drain_channel()
         finally:
@@ -263,9 +261,9 @@ async def offer_endpoint(request: Request) -> JSONResponse:
     start_fields = body.get("start") or {}
     if not isinstance(start_fields, dict):
         return _error(400, "bad_field", "start must be an object", "start", state=state)
-    multilingual, languages = model_info(state)
+    model = ModelInfo.of(state.engine)
     try:
-        start = parse_start(start_fields, state.settings.streaming, multilingual, languages, audio_fields=False)
+        start = parse_start(start_fields, state.settings.streaming, model.multilingual, model.languages, audio_fields=False)
     except ProtocolError as e:
         return _error(400, e.code, e.message, e.field, state=state)
     if (refusal := state.engine_refusal()) is not None:

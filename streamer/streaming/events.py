@@ -7,7 +7,7 @@ client-facing events (`docs/protocol.md`); floats are rounded to milliseconds th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, NamedTuple, Union
 
 import numpy as np
 
@@ -40,6 +40,16 @@ class SpeechStopped:
         return {"type": "speech_stopped", "t": _ms(self.t), "utterance_id": self.utterance_id}
 
 
+class WindowId(NamedTuple):
+    """Names a window within its session; the session reads its parts back from the fields, not
+    by parsing a string."""
+
+    utterance_id: int
+    kind: Literal["partial", "final"]
+    seq: int = 0
+    """A partial's number within its utterance (1, 2, ...); 0 for the final."""
+
+
 @dataclass(frozen=True, eq=False)
 class SubmitWindow:
     """Audio for the engine; the caller transcribes it and hands the result to `Session.on_result`.
@@ -47,19 +57,25 @@ class SubmitWindow:
     Not sent to the client.
     """
 
-    window_id: str
+    window_id: WindowId
     """Unique within the session; names the result that comes back."""
-    kind: Literal["partial", "final"]
     audio: np.ndarray
     """float32 mono 16 kHz, at most 30 s; the utterance from its (padded) start."""
     start: float
     """Stream time of `audio[0]`: add it to the result's window-relative times."""
-    utterance_id: int
     prompt: str | None
     """Previous final text to condition on, or None."""
     speech_end: float | None = None
     """Finals only: stream time at which the speech of the utterance stopped (or was cut);
     finalisation latency is measured from the moment the stream reached it."""
+
+    @property
+    def kind(self) -> Literal["partial", "final"]:
+        return self.window_id.kind
+
+    @property
+    def utterance_id(self) -> int:
+        return self.window_id.utterance_id
 
     @property
     def end(self) -> float:

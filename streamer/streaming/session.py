@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from streamer.audio.vad import FRAME, SAMPLE_RATE, SileroVAD, UtteranceSegmenter, VADEvent, frame_rms
+from streamer.audio.vad import FRAME, SAMPLE_RATE, ManualSegmenter, SileroVAD, UtteranceSegmenter, VADEvent, frame_rms
 from streamer.config import StreamingConfig
 from streamer.model.decoding import CONDITION_MAX_TEMPERATURE
-from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow
+from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId
 from streamer.streaming.stabilize import LocalAgreement
 
 MAX_WINDOW_S = 30.0
@@ -123,11 +123,14 @@ class Session:
         """Cadence of partial windows; a server under load may raise it at any time."""
         self._vad = vad
         self._vad_state = vad.new_state()
-        self._segmenter = UtteranceSegmenter(config.vad)
+        # The VAD runs in either case: a manual utterance too is cut at its quietest point when it
+        # reaches `max_utterance_s`.
+        self._segmenter = ManualSegmenter(config.vad) if config.manual_commit else UtteranceSegmenter(config.vad)
         self._audio = _AudioBuffer()
         self._utterance: _Utterance | None = None
         self._next_id = 1
-        self._finals: dict[str, _FinalWindow] = {}
+        self._finals: dict[int, _FinalWindow] = {}
+        """Final windows in flight, by utterance."""
         self._context: list[str] = []
         """Texts of the previous finals that may prompt the next utterance, oldest first."""
         self._context_end = 0.0
@@ -178,21 +181,18 @@ class Session:
         self.closed = True
         return events
 
-    def on_result(self, window_id: str, result: Any) -> list[Event]:
+    def on_result(self, window_id: WindowId, result: Any) -> list[Event]:
         """Turn the engine's result for a window (an `engine.request.Result`) into client events."""
-        utterance_id, _, kind = window_id.partition(".")
-        if kind == "final":
-            window = self._finals.pop(window_id, None)
+        if window_id.kind == "final":
+            window = self._finals.pop(window_id.utterance_id, None)
             if window is None:
-                raise KeyError(f"no final window {window_id!r} in flight")
+                raise KeyError(f"no final window {window_id} in flight")
             return self._final_result(window, result)
-        if not kind.startswith("p"):
-            raise ValueError(f"not a window id of this session: {window_id!r}")
-        return self._partial_result(int(utterance_id), int(kind[1:]), result)
+        return self._partial_result(window_id.utterance_id, window_id.seq, result)
 
-    def forget(self, window_id: str) -> None:
+    def forget(self, window_id: WindowId) -> None:
         """A final window that will never have a result (its decode failed)."""
-        self._finals.pop(window_id, None)
+        self._finals.pop(window_id.utterance_id, None)
 
     def _on_boundary(self, b: VADEvent) -> list[Event]:
         if b.kind == "start":
@@ -244,23 +244,18 @@ class Session:
         utt.partial_ends[utt.partial_seq] = end
         utt.partial_mark = end
         return SubmitWindow(
-            window_id=f"{utt.id}.p{utt.partial_seq}",
-            kind="partial",
+            window_id=WindowId(utt.id, "partial", utt.partial_seq),
             audio=self._audio.slice(utt.start, end),
             start=utt.start / SAMPLE_RATE,
-            utterance_id=utt.id,
             prompt=self._window_prompt(utt.start),
         )
 
     def _submit_final(self, utt: _Utterance, end: int, speech_end: int) -> SubmitWindow:
-        window_id = f"{utt.id}.final"
-        self._finals[window_id] = _FinalWindow(utt.id, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)
+        self._finals[utt.id] = _FinalWindow(utt.id, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)
         return SubmitWindow(
-            window_id=window_id,
-            kind="final",
+            window_id=WindowId(utt.id, "final"),
             audio=self._audio.slice(utt.start, end),
             start=utt.start / SAMPLE_RATE,
-            utterance_id=utt.id,
             prompt=self._window_prompt(utt.start),
             speech_end=speech_end / SAMPLE_RATE,
         )

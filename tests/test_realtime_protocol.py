@@ -1,0 +1,213 @@
+"""The Realtime protocol (`protocols/realtime.py`) without sockets: client events in, server events
+and segmentation commands out; the bridges' events in, items in commit order out."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from streamer.config import StreamingConfig
+from streamer.protocols.outputs import Close, Send
+from streamer.protocols.realtime import (COMPLETED, DELTA, FAILED, Begin, DropOpen, Feed, Finish, Flush,
+                                         RealtimeProtocol, Reconfigure)
+from streamer.protocols.start import ModelInfo
+from streamer.streaming.events import Final, SpeechStarted, SpeechStopped
+from streamer.streaming.live import Committed, Finalized
+
+ENGLISH = ModelInfo("tiny.en", False, frozenset({"en"}))
+DEFAULTS = StreamingConfig()
+
+
+def protocol(beta: bool = False, limit: int | None = 1 << 20) -> RealtimeProtocol:
+    return RealtimeProtocol("sess_1", ENGLISH, DEFAULTS, beta=beta, max_message_bytes=limit)
+
+
+def send(p: RealtimeProtocol, type_: str, **fields) -> list:
+    return p.receive(json.dumps({"type": type_, **fields}))
+
+
+def append(p: RealtimeProtocol, seconds: float, rate: int = 24000) -> list:
+    tone = (3000 * np.sin(np.arange(int(seconds * rate)) / 7)).astype("<i2").tobytes()
+    return send(p, "input_audio_buffer.append", audio=base64.b64encode(tone).decode())
+
+
+def events(outputs: list) -> list[dict]:
+    return [o.message for o in outputs if isinstance(o, Send)]
+
+
+def the_error(outputs: list) -> dict:
+    (event,) = events(outputs)
+    assert event["type"] == "error" and event["event_id"].startswith("event_")
+    return event["error"]
+
+
+def final(utterance_id: int, text: str) -> Finalized:
+    return Finalized(utterance_id, Final(utterance_id, text, 0.0, 1.0, None, "en", 0.01, -0.2), 50.0, 1.25)
+
+
+def test_the_session_starts_in_the_shape_the_client_uses():
+    (created,) = events(protocol().created())
+    assert created["type"] == "session.created"
+    session = created["session"]
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert session["audio"]["input"]["turn_detection"] == {"type": "server_vad", "threshold": 0.5,
+                                                           "prefix_padding_ms": 200, "silence_duration_ms": 500}
+    assert "language" not in session["audio"]["input"]["transcription"]  # detection: absent, not null
+    (created,) = events(protocol(beta=True).created())
+    assert created["type"] == "transcription_session.created" and created["session"]["input_audio_format"] == "pcm16"
+
+
+@pytest.mark.parametrize("session, code, param", [
+    ({"type": "realtime"}, "unsupported_session_type", "session.type"),
+    ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "invalid_value", "session.audio.input.format.type"),
+    ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 96000}}}}, "invalid_value",
+     "session.audio.input.format.rate"),
+    ({"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 16000}}}}, "invalid_value",
+     "session.audio.input.format.rate"),
+    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "invalid_value",
+     "session.audio.input.turn_detection.type"),
+    ({"audio": {"input": {"turn_detection": {"threshold": 1.0}}}}, "invalid_value",
+     "session.audio.input.turn_detection.threshold"),
+    ({"audio": {"input": {"transcription": {"language": "fr"}}}}, "invalid_value",
+     "session.audio.input.transcription.language"),
+    ({"audio": {"input": {"transcription": {"prompt": 3}}}}, "invalid_value", "session.audio.input.transcription.prompt"),
+    ({"audio": "loud"}, "invalid_value", "session.audio"),
+])
+def test_a_bad_update_names_the_field_and_echoes_the_event_id(session, code, param):
+    p = protocol()
+    error = the_error(send(p, "session.update", session=session, event_id="evt_1"))
+    assert (error["type"], error["code"], error["param"], error["event_id"]) == ("invalid_request_error", code, param,
+                                                                                "evt_1")
+    assert p.config.rate == 24000 and p.config.turn_detection is not None  # nothing of it applied
+
+
+def test_bad_events_are_refused_and_the_session_goes_on():
+    p = protocol(limit=200)
+    assert the_error(p.receive("{"))["code"] == "invalid_json"
+    assert the_error(send(p, "response.create"))["code"] == "unknown_event"
+    error = the_error(send(p, "input_audio_buffer.append", audio="%%%"))
+    assert (error["code"], error["param"]) == ("invalid_audio", "audio")
+    error = the_error(send(p, "input_audio_buffer.append", audio=base64.b64encode(b"abc").decode()))
+    assert "3 bytes is not a whole number of 16-bit samples" in error["message"]
+    assert the_error(send(p, "transcription_session.update", session={"input_audio_format": "mp3"}))["param"] == \
+        "session.input_audio_format"
+    out = send(p, "input_audio_buffer.append", audio="A" * 300)
+    assert events(out)[0]["error"]["code"] == "message_too_large" and out[-1] == Close(1009)
+    assert send(p, "input_audio_buffer.clear") == []  # nothing after the end
+
+
+def test_audio_begins_a_segmentation_and_is_resampled_to_16k():
+    p = protocol()
+    out = append(p, 0.5)
+    begin, feed = out
+    assert isinstance(begin, Begin) and begin.number == 1 and begin.language == "en"
+    assert not begin.streaming.partials and not begin.streaming.manual_commit
+    assert begin.streaming.vad.threshold == 0.5 and begin.streaming.vad.min_silence_ms == 500
+    assert isinstance(feed, Feed) and feed.number == 1 and abs(len(feed.pcm) - 8000) < 100
+    (feed,) = append(p, 0.5)
+    assert feed.number == 1
+
+
+def test_manual_commits_need_a_tenth_of_a_second():
+    p = protocol()
+    update = send(p, "session.update", session={"audio": {"input": {"turn_detection": None}}})
+    assert events(update)[0]["session"]["audio"]["input"]["turn_detection"] is None
+    error = the_error(send(p, "input_audio_buffer.commit", event_id="c0"))
+    assert (error["code"], error["param"], error["event_id"]) == ("input_audio_buffer_commit_empty",
+                                                                  "input_audio_buffer", "c0")
+    begin, _ = append(p, 0.05)
+    assert begin.streaming.manual_commit and not begin.streaming.partials
+    assert the_error(send(p, "input_audio_buffer.commit"))["message"] == "the input audio buffer holds nothing to commit"
+    append(p, 0.1)
+    assert send(p, "input_audio_buffer.commit") == [Flush(1)]
+    assert the_error(send(p, "input_audio_buffer.commit"))["code"] == "input_audio_buffer_commit_empty"
+    append(p, 0.3)
+    clear = send(p, "input_audio_buffer.clear")
+    assert clear[0] == DropOpen(1) and events(clear)[0]["type"] == "input_audio_buffer.cleared"
+    assert the_error(send(p, "input_audio_buffer.commit"))["code"] == "input_audio_buffer_commit_empty"
+    # Manual items have no speech_started / speech_stopped of their own.
+    assert p.on_event(1, SpeechStarted(0.0, 1)) == [] and p.on_event(1, SpeechStopped(0.15, 1)) == []
+    (committed,) = events(p.on_event(1, Committed(1, 0.0, 0.15, 0.15)))
+    assert committed["type"] == "input_audio_buffer.committed" and committed["previous_item_id"] is None
+
+
+def test_a_server_vad_commit_with_no_speech_open_is_an_error():
+    p = protocol()
+    error = the_error(send(p, "input_audio_buffer.commit"))
+    assert error["message"] == "the input audio buffer holds nothing to commit"
+    append(p, 0.5)
+    assert send(p, "input_audio_buffer.commit", event_id="c1") == [Flush(1, report=True)]
+    error = the_error(p.flushed(False))
+    assert (error["message"], error["event_id"]) == ("no speech is open to commit", "c1")
+    send(p, "input_audio_buffer.commit")
+    assert p.flushed(True) == []
+
+
+def test_a_format_change_after_audio_begins_a_new_segmentation_at_the_stream_time():
+    p = protocol()
+    append(p, 2.0)
+    out = send(p, "session.update", session={"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}})
+    flush, tail, finish, updated = out
+    assert flush == Flush(1) and isinstance(tail, Feed) and tail.number == 1 and finish == Finish(1)
+    assert events([updated])[0]["session"]["audio"]["input"]["format"]["rate"] == 16000
+    begin, feed = append(p, 1.0, rate=16000)
+    assert begin.number == 2 and abs(len(feed.pcm) - 16000) < 100
+    # The second segmentation's times are stream times: it began where the first one ended (2 s).
+    (started,) = events(p.on_event(2, SpeechStarted(0.5, 1)))
+    assert abs(started["audio_start_ms"] - 2300) <= 2  # 0.5 s less the 200-ms padding, after 2 s
+    # A prompt or language change keeps the segmentation: its next items follow the new settings.
+    out = send(p, "session.update", session={"audio": {"input": {"transcription": {"prompt": " Kennedy "}}}})
+    assert out[:2] == [Flush(2), Reconfigure(2, "en", "Kennedy", False)]
+
+
+def test_completions_go_out_in_commit_order_and_deltas_join_to_the_transcript():
+    p = protocol()
+    append(p, 1.0)
+    started = events(p.on_event(1, SpeechStarted(0.3, 1)))[0]
+    stopped = events(p.on_event(1, SpeechStopped(1.2, 1)))[0]
+    assert started["item_id"] == stopped["item_id"] and stopped["audio_end_ms"] == 1200
+    (first,) = events(p.on_event(1, Committed(1, 0.1, 1.4, 1.2)))
+    # A max-length cut: speech_stopped and committed for the item, speech_started for the next.
+    p.on_event(1, SpeechStarted(2.0, 2))
+    cut = events(p.on_event(1, Committed(2, 1.8, 29.8, 29.8)))
+    assert [e["type"] for e in cut] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                                        "input_audio_buffer.speech_started"]
+    assert cut[0]["audio_end_ms"] == 29800 and cut[2]["audio_start_ms"] == 29800
+    assert cut[1]["previous_item_id"] == first["item_id"] and cut[2]["item_id"] != cut[1]["item_id"]
+    third = events(p.on_event(1, SpeechStopped(31.0, 3)))[0]
+    assert third["item_id"] == cut[2]["item_id"]  # the item opened by the cut
+    p.on_event(1, Committed(3, 29.8, 31.2, 31.0))
+    # The engine finishes them out of order; the client hears them in commit order.
+    assert p.on_event(1, final(3, "three")) == [] and p.on_event(1, final(2, "two")) == []
+    out = events(p.on_event(1, final(1, "one")))
+    assert [(e["type"], e["item_id"]) for e in out] == [
+        (DELTA, first["item_id"]), (COMPLETED, first["item_id"]), (DELTA, cut[1]["item_id"]),
+        (COMPLETED, cut[1]["item_id"]), (DELTA, third["item_id"]), (COMPLETED, third["item_id"])]
+    assert [e.get("delta") or e.get("transcript") for e in out] == ["one", "one", "two", "two", "three", "three"]
+    assert out[1]["usage"] == {"type": "duration", "seconds": 1.25}
+
+
+def test_an_empty_or_failed_item_still_completes_in_order():
+    p = protocol()
+    append(p, 1.0)
+    p.on_event(1, Committed(1, 0.0, 1.0, 1.0))
+    p.on_event(1, Committed(2, 1.0, 2.0, 2.0))
+    assert p.on_event(1, Finalized(2, None, 0.0, 1.0, "boom", "internal")) == []
+    out = events(p.on_event(1, Finalized(1, None, 10.0, 1.0)))  # no speech in it: no delta
+    assert [e["type"] for e in out] == [COMPLETED, FAILED]
+    assert out[0]["transcript"] == "" and out[1]["error"]["message"] == "boom"
+
+
+def test_end_commits_the_open_item_and_finishes():
+    p = protocol()
+    assert p.end() == []  # no audio: nothing to finish
+    p = protocol()
+    append(p, 1.0)
+    tail, finish = p.end()
+    assert isinstance(tail, Feed) and finish == Finish(1)
+    assert p.closed("shutdown") == [Close(1001)] and p.closed("idle_timeout") == [Close(1000)]
+    error = events(p.refuse("overloaded", "full", 1013, 2.0))[0]["error"]
+    assert (error["type"], error["code"], error["retry_after_s"]) == ("server_error", "overloaded", 2.0)

@@ -15,7 +15,8 @@ Recordings: the shared 6-minute file and messy English joins (`messy.py`: prompt
 order, pauses, noise gaps, a noise floor) of `--minutes` each, seeds 0, 1, ...: `--files` distinct
 recordings in all; upload i of N is recording i mod `--files`. The samples are quantised to 16 bits
 as the WAV upload carries them, and transformers gets the same values. A multilingual model is told
-`language=en` on both sides. Each system is warmed up first (two uploads per mode, one pipeline call).
+`language=en` on both sides. Each system is warmed up first on the first minute of the first
+recording, as many copies at once as the largest N (per mode for ours).
 
     python benchmarks/bench_uploads.py --uploads 1,2 --files 2 --minutes 0.5 --no-shared   # CPU smoke
     python benchmarks/bench_uploads.py --device cuda --model tiny.en=/tmp/tiny --model base=/tmp/base
@@ -50,10 +51,8 @@ SLOWER = 1.10
 COLUMNS = ["model", "system", "uploads", "files", "audio_s", "wall_s", "audio_s_per_s", "vs_transformers",
            "wer_%", "latency_p50_s"]
 WARM_S = 60
-"""Seconds of the first recording that warm each system up."""
-WARM_UPLOADS = 2
-"""Warm-up uploads per mode, one after the other: on the CPU (2 shared cores) the first measured
-upload after a single warm-up was the slowest of six in a row (9.9 s against 2.4-5.7 s; cause not found)."""
+"""Seconds of the first recording that warm each system up, as many copies at once as the largest
+N (per mode for ours), so that the measured runs meet no batch size for the first time."""
 
 
 @dataclass
@@ -132,8 +131,7 @@ async def upload_all(url: str, recs: list[Recording], mode: str, timeout_s: floa
 def bench_ours(label: str, url: str, mode: str, args, files: list[Recording], report: dict) -> list[dict]:
     rows = []
     warm = recording("warm", files[0].audio[: WARM_S * SAMPLE_RATE], "")
-    for _ in range(WARM_UPLOADS):
-        asyncio.run(upload_all(url, [warm], mode, args.timeout))
+    asyncio.run(upload_all(url, [warm] * max(args.uploads), mode, args.timeout))
     for n in args.uploads:
         recs = batch(files, n)
         wall, texts, latencies = asyncio.run(upload_all(url, recs, mode, args.timeout))
@@ -185,8 +183,7 @@ def bench_transformers(label: str, model: str, args, files: list[Recording], rep
         out = pipe(audios, batch_size=n, chunk_length_s=30, generate_kwargs=dict(generate))
         return [o["text"] for o in out]
 
-    warm = files[0].audio[: WARM_S * SAMPLE_RATE]
-    run([warm, warm], 2)
+    run([files[0].audio[: WARM_S * SAMPLE_RATE]] * max(args.uploads), max(args.uploads))
     rows = []
     for n in args.uploads:
         recs = batch(files, n)
@@ -203,27 +200,48 @@ def bench_transformers(label: str, model: str, args, files: list[Recording], rep
 def bench_model(label: str, model: str, systems: list[str], args, files: list[Recording], report: dict) -> list[dict]:
     """Our first mode, transformers, our other modes: the issue's comparison (fast against the
     pipeline) comes first. The pipeline runs while the server is up and idle (no request in
-    flight; its engine keeps the K/V memory it sized at start, a few GB of the GPU's)."""
+    flight; its engine keeps the K/V memory it sized at start, a few GB of the GPU's). A part that
+    fails is reported and the others still run."""
     from streamer.loadtest.client import spawned_server
 
-    ours = "ours" in systems
-    rows = []
-    t = time.perf_counter()
-    env = {"PRECISION": args.precision} if args.precision else None
-    with spawned_server(model, args.device, args.workers, env) if ours else contextlib.nullcontext() as ws_url:
-        if ours:
-            url = "http" + ws_url[len("ws"):]
-            print(f"{label}: server up in {time.perf_counter() - t:.1f} s ({url})", flush=True)
-            rows += bench_ours(label, url, args.modes[0], args, files, report)
+    rows: list[dict] = []
+
+    def attempt(what: str, fn) -> None:
+        try:
+            rows.extend(fn())
+        except Exception as e:  # one system or mode failing must not lose the others' numbers
+            import traceback
+
+            traceback.print_exc()
+            report.setdefault("errors", []).append(f"{label} {what}: {e!r}")
+            write_json(args.out, report)
+
+    with contextlib.ExitStack() as stack:
+        url = None
+        if "ours" in systems:
+            t = time.perf_counter()
+            env = {"PRECISION": args.precision} if args.precision else None
+
+            def start() -> list[dict]:
+                nonlocal url
+                server = spawned_server(model, args.device, args.workers, env, startup_s=args.startup_timeout)
+                url = "http" + stack.enter_context(server)[len("ws"):]
+                print(f"{label}: server up in {time.perf_counter() - t:.1f} s ({url})", flush=True)
+                return []
+
+            attempt("server", start)
+        modes = args.modes if url else []
+        for mode in modes[:1]:
+            attempt(f"ours {mode}", lambda: bench_ours(label, url, mode, args, files, report))
         if "transformers" in systems:
-            rows += bench_transformers(label, model, args, files, report)
+            attempt("transformers", lambda: bench_transformers(label, model, args, files, report))
             gc.collect()  # the pipeline's model, before our other modes run
             if args.device.startswith("cuda"):
                 import torch
 
                 torch.cuda.empty_cache()
-        for mode in args.modes[1:] if ours else []:
-            rows += bench_ours(label, url, mode, args, files, report)
+        for mode in modes[1:]:
+            attempt(f"ours {mode}", lambda: bench_ours(label, url, mode, args, files, report))
     return rows
 
 
@@ -269,6 +287,7 @@ def main() -> None:
     p.add_argument("--precision", default=None, help="the server's PRECISION (CUDA preset; default its own)")
     p.add_argument("--workers", type=int, default=None, help="gateway workers (default: the server's)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per upload request")
+    p.add_argument("--startup-timeout", type=float, default=120.0, help="seconds the server may take to become healthy")
     p.add_argument("--hf-dir", default=None, help="where the checkpoints for transformers go (default $TMPDIR or /tmp)")
     p.add_argument("--baseline", action="append", default=[], help="a recorded bench_uploads JSON (repeatable)")
     p.add_argument("--out", default="bench_uploads.json")
@@ -295,7 +314,8 @@ def main() -> None:
     report["transcripts"] = {f"{r['model']} {r['system']}": r.pop("texts") for r in rows if r["uploads"] == top}
     for r in rows:
         r.pop("texts", None)
-    print("\n" + table(rows, COLUMNS))
+    if rows:
+        print("\n" + table(rows, COLUMNS))
     status = 0
     if args.baseline:
         compared = against_baseline(rows, args.baseline)
@@ -303,8 +323,10 @@ def main() -> None:
         print(f"\nagainst the baseline (slower_x > 1: slower; flagged past {SLOWER:.2f}):")
         print(table(compared, ["model", "system", "uploads", "baseline", "now", "slower_x", "flag", "baseline_file"]))
         status = 3 if any(r["flag"] for r in compared) else 0
+    for e in report.get("errors", []):
+        print("ERROR", e)
     print("wrote", write_json(args.out, report))
-    raise SystemExit(status)
+    raise SystemExit(status or (1 if report.get("errors") else 0))
 
 
 if __name__ == "__main__":

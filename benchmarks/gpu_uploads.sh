@@ -57,7 +57,7 @@ for name in $models; do
     --device "$DEVICE" --model "$name=$dir" --uploads "${UPLOADS:-1,8,32}" --files "${FILES:-8}" --minutes "${MINUTES:-2}" \
     --modes "${MODES:-fast,accurate}" --hf-dir "$T/hf" $baseline ${UPLOAD_ARGS:-} --out "bench_uploads_${name}_h200.json") \
     > "$OUT/uploads_$name.log" 2>&1
-  echo "uploads $name rc=$? (3: rows > 10 % slower than the baseline; 124: timed out) $((SECONDS - t)) s"
+  echo "uploads $name rc=$? (1: a part failed, see the log; 3: rows > 10 % slower than the baseline; 124/137: timed out) $((SECONDS - t)) s"
 done
 
 if (( presets )); then  # WER of every preset on the 41 real clips of clips.npz, one batch of 64
@@ -91,10 +91,12 @@ for path in sys.argv[1:]:
         continue
     rows = with_ratios(report["rows"])
     print(path.rsplit("/", 1)[-1], f"({len(report['recordings'])} recordings, {report['environment'].get('gpu', '')})")
-    print(table(rows, COLUMNS))
+    print(table(rows, COLUMNS) if rows else "(no rows)")
     for r in report.get("baseline", {}).get("rows", []):
         if r["flag"]:
             print("SLOWER than the baseline:", r)
+    for e in report.get("errors", []):
+        print("ERROR", e)
 EOF
   )
   [ -e "$OUT/presets_wer.txt" ] && { echo "WER per preset (transcript_wer.py):"; cat "$OUT/presets_wer.txt"; }

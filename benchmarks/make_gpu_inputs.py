@@ -42,7 +42,9 @@ CALLS = [  # the stage calls and the run call of benchmarks/gpu_session.sh, in o
     [".carry/wheels", ".carry/audio"],
     [".carry/tiny_b"],
 ]
-BASE_CALLS = [[".carry/base_a"], [".carry/base_b"], [".carry/base_c"]]  # for a run that needs base too
+# For a run that needs base too (gpu_uploads.sh): calls 1-3 and base_a, base_b stage their parts
+# (gpu_stage.sh), the call with base_c runs.
+BASE_CALLS = [[".carry/base_a"], [".carry/base_b"], [".carry/base_c"]]
 N_CLIPS = 40
 WHEELS = ["av>=12,<19",
           # The server and the load test (the image has uvloop, prometheus-client, httpx, anyio, h11, click):

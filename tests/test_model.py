@@ -93,6 +93,17 @@ def test_hugging_face_directory_round_trip(tiny, hf_dir):
     assert again.suppress_tokens == tiny.suppress_tokens and again.alignment_heads == tiny.alignment_heads
 
 
+def test_hugging_face_directory_opens_as_the_asr_pipeline(tiny, hf_dir, jfk_path):
+    """The checkpoint `bench_uploads.py` hands transformers' pipeline (feature extractor, tokenizer
+    with its special tokens and pad token for batching) transcribes as our greedy decode."""
+    audio = decode_audio(jfk_path)
+    pipe = transformers.pipeline("automatic-speech-recognition", model=str(hf_dir), device="cpu")
+    out = pipe([audio, audio[: 8 * 16000]], batch_size=2, chunk_length_s=30)
+    ours = tiny.tokenizer.decode(greedy(tiny, [audio])[0])
+    assert out[0]["text"].strip() == ours.strip()
+    assert "ask not what your country can do for you" in out[0]["text"] and out[1]["text"]
+
+
 def test_unknown_model_names_fail_clearly(tmp_path):
     with pytest.raises(WeightsError, match="neither"):
         load_model(str(tmp_path))

@@ -370,9 +370,11 @@ def _health(http_url: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def spawned_server(model: str, device: str | None, workers: int | None = None, env_extra: dict | None = None):
+def spawned_server(model: str, device: str | None, workers: int | None = None, env_extra: dict | None = None,
+                   startup_s: float = 300.0):
     """`streamer serve` in a subprocess on a free port of 127.0.0.1; SIGTERM at the end.
-    `workers`: gateway worker processes (None: the server's default; 0: one process)."""
+    `workers`: gateway worker processes (None: the server's default; 0: one process); `startup_s`:
+    how long it may take to become healthy (a core that fails to load is restarted, never healthy)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -386,14 +388,13 @@ def spawned_server(model: str, device: str | None, workers: int | None = None, e
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
     try:
         http_url = f"http://127.0.0.1:{port}"
-        for _ in range(1200):
+        deadline = time.monotonic() + startup_s  # a deadline: a /health probe itself may wait 5 s
+        while (_health(http_url) or {}).get("status") != "ok":
             if proc.poll() is not None:
                 raise RuntimeError("the server exited during startup")
-            if (_health(http_url) or {}).get("status") == "ok":
-                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not become healthy in {startup_s:g} s")
             time.sleep(0.25)
-        else:
-            raise RuntimeError("the server did not become healthy")
         yield f"ws://127.0.0.1:{port}"
     finally:
         stop_server(proc, 60)

@@ -369,8 +369,31 @@ def hf_configs(loaded: LoadedModel) -> tuple[dict, dict]:
     return config, generation
 
 
+def hf_processor_configs(loaded: LoadedModel) -> tuple[dict, dict]:
+    """transformers' `preprocessor_config.json` (the feature extractor) and `tokenizer_config.json`
+    for `loaded`: what `pipeline("automatic-speech-recognition", model=DIR)` opens besides the model.
+    The tokenizer's special tokens are the bundle's added special tokens in id order, as in openai's
+    checkpoints: transformers skips them when decoding, and batching needs the pad token."""
+    from cuda_ops.mel import N_FFT
+    from streamer.audio import HOP_LENGTH, SAMPLE_RATE
+    from streamer.audio.features import CHUNK_LENGTH
+
+    eot = "<|endoftext|>"
+    added = loaded.tokenizer.hf.get_added_tokens_decoder()
+    special = [added[i].content for i in sorted(added) if added[i].special]
+    features = {"feature_extractor_type": "WhisperFeatureExtractor", "processor_class": "WhisperProcessor",
+                "feature_size": loaded.dims.n_mels, "sampling_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH,
+                "chunk_length": CHUNK_LENGTH, "n_fft": N_FFT, "padding_value": 0.0, "padding_side": "right",
+                "return_attention_mask": False}
+    tokenizer = {"tokenizer_class": "WhisperTokenizer", "processor_class": "WhisperProcessor",
+                 "bos_token": eot, "eos_token": eot, "unk_token": eot, "pad_token": eot,
+                 "model_max_length": loaded.dims.n_text_ctx, "additional_special_tokens": special}
+    return features, tokenizer
+
+
 def save_hf_checkpoint(loaded: LoadedModel, path: str | Path) -> Path:
-    """Write `loaded` as a transformers Whisper checkpoint directory (config, safetensors, tokenizer)."""
+    """Write `loaded` as a transformers Whisper checkpoint directory (configs, safetensors, tokenizer,
+    feature extractor): `from_pretrained` and the ASR pipeline open it offline."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -378,6 +401,9 @@ def save_hf_checkpoint(loaded: LoadedModel, path: str | Path) -> Path:
     config, generation = hf_configs(loaded)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    features, tokenizer = hf_processor_configs(loaded)
+    (path / "preprocessor_config.json").write_text(json.dumps(features, indent=2))
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2))
     sd = {k: v.detach().float().cpu().contiguous() for k, v in to_hf_state_dict(loaded.model).items()}
     sd.pop("proj_out.weight")  # tied: safetensors refuses shared storage
     save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})

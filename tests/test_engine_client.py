@@ -1,0 +1,46 @@
+"""The gateway's `EngineClient` against a real engine core process (tiny.en on the CPU, ZeroMQ over
+ipc sockets in a temporary directory): a gateway whose event loop falls behind must not count a
+live core as down."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+
+from streamer.audio.decode import decode_audio
+from streamer.config import EngineConfig, ModelConfig
+from streamer.engine import protocol as p
+from streamer.engine.client import EngineClient
+from streamer.engine.core import CoreSpec, run_core
+from streamer.engine.request import DecodeOptions, Priority
+
+
+def test_a_gateway_that_fell_behind_keeps_its_live_core(tmp_path, jfk_path):
+    """The loop blocked for longer than `STATS_TIMEOUT_S` while the core went on publishing: the
+    core is still up, and the window in flight gets its result (it was failed with
+    `engine_unavailable`, and `submit` refused, as if the core had died)."""
+    spec = CoreSpec(index=0, model=ModelConfig(model="tiny.en", device="cpu"), engine=EngineConfig(max_slots=4),
+                    input_address=f"ipc://{tmp_path}/in", output_address=f"ipc://{tmp_path}/out", cpu_threads=1)
+    core = multiprocessing.get_context("spawn").Process(target=run_core, args=(spec,))
+    core.start()
+    audio = decode_audio(jfk_path)
+
+    async def run():
+        client = await EngineClient([(spec.input_address, spec.output_address)]).start(timeout=120)
+        try:
+            handle = client.submit(audio, DecodeOptions(temperatures=(0.0,)), priority=Priority.FINAL)
+            time.sleep(p.STATS_TIMEOUT_S + 2.0)  # the gateway's loop runs late; the core does not
+            assert client.cores[0].up
+            result = await asyncio.wait_for(handle.result(), 120)
+            assert "country" in result.text
+            assert client.ready  # (a core that really stops is noticed: test_processes kills one)
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        core.terminate()
+        core.join(60)
+        assert core.exitcode is not None

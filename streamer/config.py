@@ -104,6 +104,16 @@ class StreamingConfig:
     prompt_reset_pause_s: float = 10.0
     """After a pause this long between finals the previous text no longer prompts: a new topic or
     speaker, and an odd spelling carried on is the worse risk."""
+    acoustic_context: bool = False
+    """Decode each final inside the stream's preceding audio (back over the previous finals, to a
+    pause of `acoustic_context_pause_s`, within Whisper's 30-s window), with those finals' tokens
+    and timestamps forced as the decoder's prefix; only the new text is the final's. A 1-3 s
+    utterance decoded alone loses words that the same audio inside a longer window keeps. A final
+    then waits for the previous one, and a stream holds up to 30 s of audio more. Default: see
+    docs/benchmarks.md ("Acoustic context")."""
+    acoustic_context_pause_s: float = 10.0
+    """A pause at least this long between finals ends the acoustic context: older speech is
+    another exchange, and the window would carry the silence."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
     "PARTIAL_INTERVAL_MAX_S": ("streaming", "partial_interval_max_s"),
     "FINAL_BUDGET_S": ("streaming", "final_budget_s"),
+    "ACOUSTIC_CONTEXT": ("streaming", "acoustic_context"),
     "HOST": ("server", "host"),
     "WORKERS": ("server", "workers"),
     "PORT": ("server", "port"),

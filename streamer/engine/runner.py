@@ -68,7 +68,7 @@ class Sequence:
     """A live decoding sequence in a slot (host-side bookkeeping)."""
 
     request: object  # engine.request.Request
-    initial: list[int]  # prompt + start-of-transcript tokens fed before sampling
+    initial: list[int]  # prompt + start-of-transcript tokens + forced prefix, fed before sampling
     sot_index: int
     language: str
     max_new: int
@@ -430,6 +430,8 @@ class Runner:
             initial = prompt + self.tok.sot_sequence(language, opts.task, opts.timestamps)
             if opts.prefix:
                 initial += self.tok.encode(" " + opts.prefix.strip())
+            elif opts.prefix_tokens:
+                initial += list(opts.prefix_tokens)
             limit = min(opts.max_new_tokens or self.max_new_tokens, self.dims.n_text_ctx - len(initial))
             group = None
             if opts.beam_size > 1:
@@ -456,6 +458,9 @@ class Runner:
 
         rs = slice(lo, lo + k)
         self.state.reset(rs, [r.options.timestamps for r in expanded], [r.temperature for r in expanded])
+        for i, r in enumerate(expanded):
+            if r.options.prefix_tokens:
+                self.state.follow(lo + i, list(r.options.prefix_tokens), self.tok.timestamp_begin)
         hot = any(r.temperature > 0 for r in requests)
         noise = self._noise(torch.full((k, self.dims.n_vocab), 0.5, device=self.device), seqs) if hot else None
         sampled, logprobs, top = self.rules.sample(logits, self.state.rows(rs), noise,

@@ -199,7 +199,8 @@ def utterance(session: Session, audio: np.ndarray) -> tuple[SubmitWindow, list[S
 
 def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]  # "And so my fellow Americans"
-    session = Session(StreamingConfig(condition_on_previous=True), vad)
+    # Without acoustic context: with it, the finals inside a window's audio are its prefix, not prompt.
+    session = Session(StreamingConfig(condition_on_previous=True, acoustic_context=False), vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt is None
     assert len(session.on_result(w1.window_id, result_of(" And so my fellow Americans."))) == 1
@@ -258,7 +259,7 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
 def test_prompt_is_bounded_opened_by_the_configured_prompt_and_dropped_after_a_pause(vad, jfk):
     clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]
     config = StreamingConfig(condition_on_previous=True, prompt="Kennedy.", prompt_max_tokens=4,
-                             prompt_reset_pause_s=5.0)
+                             prompt_reset_pause_s=5.0, acoustic_context=False)
     session = Session(config, vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt == "Kennedy."  # the configured prompt opens the first one
@@ -353,12 +354,14 @@ def test_acoustic_context_opens_a_final_with_the_previous_finals_and_keeps_only_
     paused.on_result(v1.window_id, spoken(" Americans.", 0.3, 1.5, [1]))
     stream(paused, np.zeros(3 * SR, np.float32), close=False)
     assert utterance(paused, clip)[0].context_s == 0
-    bounded = Session(StreamingConfig(acoustic_context=True, partials=False), vad)
-    for _ in range(12):
+    # With conditioning too, each earlier final is either in the window (prefix) or in the prompt.
+    bounded = Session(StreamingConfig(acoustic_context=True, condition_on_previous=True, partials=False), vad)
+    for k in range(12):
         w, _ = utterance(bounded, clip)
         assert w.end - w.start <= 24.0
+        assert len(w.context) + len((w.prompt or "").split()) == k
         bounded.on_result(w.window_id, spoken(" Americans.", w.context_s + 0.3, w.context_s + 1.5, [1]))
-    assert w.context_s > 15
+    assert w.context_s > 15 and w.prompt
 
 
 def test_flush_and_close(vad, jfk):

@@ -33,11 +33,11 @@ def wer(reference: str, hypothesis: str) -> float:
     return jiwer.wer(normalize(reference), normalize(hypothesis))
 
 
-async def stream(engine, audio, config: StreamingConfig) -> list[Finalized]:
+async def stream(engine, audio, config: StreamingConfig, word_timestamps: bool = False) -> list[Finalized]:
     finals: list[Finalized] = []
     bridge = Bridge(Session(config, SileroVAD()), engine, Metrics(lambda: None),
                     lambda e: finals.append(e) if isinstance(e, Finalized) else None,
-                    session_id="live-test", language="en", task="transcribe")
+                    session_id="live-test", language="en", task="transcribe", word_timestamps=word_timestamps)
     for i in range(0, len(audio), CHUNK):
         bridge.feed(audio[i:i + CHUNK])
         await asyncio.sleep(0)  # let results in, as a socket's reads would
@@ -71,7 +71,7 @@ def test_live_finals_of_a_six_minute_recording_match_offline(engine, long_row):
 def test_acoustic_context_decodes_finals_inside_the_preceding_audio(engine, manifest):
     """The Kennedy recording twice, 1.5 s apart, with acoustic context: the later finals go out
     inside the stream's preceding audio with the earlier finals as the forced prefix, and their
-    text and times are those of their own utterance (not of the context)."""
+    text, times and word times are those of their own utterance (not of the context)."""
     row = next(r for r in manifest if r["audio"].endswith("en/jfk.ogg"))
     jfk = decode_audio(row["audio"])
     audio = np.concatenate([jfk, np.zeros(int(1.5 * SR), np.float32), jfk, np.zeros(SR, np.float32)])
@@ -84,7 +84,8 @@ def test_acoustic_context_decodes_finals_inside_the_preceding_audio(engine, mani
 
     engine.submit = spy
     try:
-        finals = asyncio.run(stream(engine, audio, StreamingConfig(partials=False, acoustic_context=True)))
+        finals = asyncio.run(stream(engine, audio, StreamingConfig(partials=False, acoustic_context=True),
+                                    word_timestamps=True))
     finally:
         del engine.submit
     assert sum(1 for o in seen if o.prefix_tokens) >= 2
@@ -95,6 +96,10 @@ def test_acoustic_context_decodes_finals_inside_the_preceding_audio(engine, mani
     assert starts == sorted(starts) and any(t >= second for t in starts)
     later = [f.final for f in finals if f.final is not None and f.final.start >= second]
     assert wer(row["text"], " ".join(f.text for f in later)) <= 0.05  # the second pass alone, not the first again
+    for f in (f.final for f in finals if f.final is not None):  # aligned in the utterance's own audio
+        assert f.words and all(f.start - 0.05 <= w["start"] <= w["end"] <= f.end + 0.05 for w in f.words), f
+        starts = [w["start"] for w in f.words]  # spread over the speech, not piled at a segment's edge
+        assert starts == sorted(starts) and len(set(starts)) > len(starts) // 2, f
 
 
 def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():

@@ -293,6 +293,13 @@ def test_a_forced_prefix_is_continued_and_left_out_of_the_result(engine, jfk_pat
         engine.submit(audio, DecodeOptions(timestamps=True, prefix_tokens=[tok.sot]))
     with pytest.raises(ValueError, match="not both"):
         DecodeOptions(prefix="a", prefix_tokens=[1])
+    # Gateways send it to engine cores as is (live finals with acoustic context).
+    import msgspec
+
+    from streamer.engine.protocol import Submit
+    sent = Submit(id="w", gateway="g", audio=b"", options=DecodeOptions(timestamps=True, prefix_tokens=whole.tokens[:cut]),
+                  priority=0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(sent), type=Submit).options == sent.options
 
 
 def test_repeated_phrases_that_end_are_not_a_loop():

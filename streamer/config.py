@@ -111,9 +111,9 @@ class StreamingConfig:
     decoded alone loses words that the same audio inside a longer window keeps. On by default: live
     WER (tiny.en) 5.24 -> 4.84 % on messy-en-8-0, 3.23 -> 2.74 on messy-en-8-1, 4.59 -> 4.49 on the
     15-min join, 3.07 either way on the 6-min file; base es-5 19.2 -> 18.3, fr-5 14.3 either way,
-    fr-10 15.3 -> 14.3, es-10 22.7 -> 23.4 (the one loss); about 3 % more engine time per final (docs/benchmarks.md,
-    "Session 7: acoustic context"). A final then waits for the previous one, and a stream holds
-    up to 30 s more audio (1.9 MB)."""
+    fr-10 15.3 -> 14.3, es-10 22.7 -> 23.4 (the one loss); about 3 % more engine time per final
+    (docs/benchmarks.md, "Session 7: acoustic context"). A final then waits for the previous one,
+    and a stream holds up to 30 s more audio (1.9 MB)."""
     acoustic_context_pause_s: float = 10.0
     """A pause at least this long between finals ends the acoustic context: older speech is
     another exchange, and the window would carry the silence."""

@@ -95,8 +95,10 @@ async def engine_idle(engine, ping, quiet_s: float = 1.5) -> None:
         await asyncio.sleep(0.1)
 
 
-async def stream_native(base: str, rec: dict, pace: float, condition: bool, engine, partials: bool) -> list[dict]:
-    """Finals of one `/v1/stream` session: [{'text', 'start', 'end'}]."""
+async def stream_native(base: str, rec: dict, pace: float, condition: bool, engine, partials: bool,
+                        context: bool | None = None) -> list[dict]:
+    """Finals of one `/v1/stream` session: [{'text', 'start', 'end', 'latency_ms'}]; `context`:
+    acoustic context on, off, or None for the server's default."""
     import websockets
 
     pcm = pcm16(np.concatenate([rec["audio"], np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)]))
@@ -105,9 +107,12 @@ async def stream_native(base: str, rec: dict, pace: float, condition: bool, engi
     # No keepalive pings: on a loaded machine the in-process server answers late, and a missed pong
     # would end the run (the bench waits for every final anyway).
     async with websockets.connect(base.replace("http", "ws") + "/v1/stream", max_size=None, ping_interval=None) as ws:
-        await ws.send(json.dumps({"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
-                                  "language": language if language != "en" else None,
-                                  "condition_on_previous_text": condition, "partials": partials}))
+        start = {"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
+                 "language": language if language != "en" else None, "condition_on_previous_text": condition,
+                 "partials": partials}
+        if context is not None:
+            start["acoustic_context"] = context
+        await ws.send(json.dumps(start))
         ready = json.loads(await ws.recv())
         assert ready["type"] == "ready", ready
         finals: list[dict] = []
@@ -130,7 +135,8 @@ async def stream_native(base: str, rec: dict, pace: float, condition: bool, engi
         async for message in ws:
             event = json.loads(message)
             if event["type"] == "final":
-                finals.append({"text": event["text"], "start": event["start"], "end": event["end"]})
+                finals.append({"text": event["text"], "start": event["start"], "end": event["end"],
+                               "latency_ms": event["latency_ms"]})
             elif event["type"] == "error":
                 raise RuntimeError(event)
             elif event["type"] == "closed":
@@ -196,6 +202,22 @@ async def stream_realtime(base: str, rec: dict, pace: float, condition: bool, en
     return [i for k, i in items.items() if k and i["text"] is not None]
 
 
+COST = ("windows", "busy_s", "encode_s", "decode_s", "tokens")
+
+
+def cost(before: dict, after: dict, finals: list[dict]) -> dict:
+    """What the engine spent on a live run (it decodes nothing else meanwhile): per window it
+    encoded (finals and their retries), and the finals' finalisation latency (`latency_ms`)."""
+    d = {k: after[k] - before[k] for k in COST}
+    n = max(1, d["windows"])
+    lat = sorted(f["latency_ms"] for f in finals if f.get("latency_ms") is not None)
+    pick = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))])) if lat else (lambda q: None)
+    return {"windows": d["windows"], "engine_ms_per_window": round(1000 * d["busy_s"] / n, 1),
+            "encode_ms_per_window": round(1000 * d["encode_s"] / n, 1),
+            "decode_ms_per_window": round(1000 * d["decode_s"] / n, 1), "tokens_per_window": round(d["tokens"] / n, 1),
+            "latency_p50_ms": pick(0.5), "latency_p95_ms": pick(0.95)}
+
+
 def live_row(rec: dict, system: str, run: int, finals: list[dict], wall: float) -> dict:
     text = " ".join(f["text"] for f in finals)
     norm = normalizer(rec["language"])
@@ -236,6 +258,10 @@ def summary(rows: list[dict]) -> list[dict]:
                     "items": runs[0].get("items"), "runaway": sum(r.get("runaway") or 0 for r in runs) if "items" in runs[0] else None,
                     "unjoined": sum(r["unjoined"] for r in runs) if runs[0].get("unjoined") is not None else None,
                     "identical_runs": len({r["text"] for r in runs}) == 1})
+        for k in ("engine_ms_per_window", "encode_ms_per_window", "decode_ms_per_window", "latency_p50_ms", "latency_p95_ms"):
+            values = [r[k] for r in runs if r.get(k) is not None]
+            if values:
+                out[-1][k] = round(sum(values) / len(values), 1)
     return out
 
 
@@ -245,6 +271,8 @@ def main() -> None:
     parser.add_argument("--files", default="6min,messy-en-15-0")
     parser.add_argument("--transports", default="stream,realtime", help="stream, realtime, or none")
     parser.add_argument("--condition", default="off", help="previous-text conditioning of the live runs: on, off or on,off")
+    parser.add_argument("--context", default="default", help="acoustic context of the /v1/stream runs: on, off, "
+                        "on,off, or default (the server's; /v1/realtime always runs the server's)")
     parser.add_argument("--pace", type=float, default=4.0, help="times real time")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partials", default="off", help="on: /v1/stream decodes partials too (finals never "
@@ -272,27 +300,35 @@ def main() -> None:
         fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
     transports = [t for t in args.transports.split(",") if t in ("stream", "realtime")]
     conditions = [c == "on" for c in args.condition.split(",")]
+    contexts = [None if c == "default" else c == "on" for c in args.context.split(",")]
     rows: list[dict] = []
     with running(create_app(settings, engine)) as base:
         for spec in args.files.split(","):
             rec = recording(spec)
             print(f"{rec['name']}: {len(rec['audio']) / SAMPLE_RATE / 60:.1f} min", flush=True)
-            for transport in transports:
-                for condition in conditions:
-                    system = f"{transport}{'+cond' if condition else ''}@{args.pace:g}x"
-                    for run in range(args.runs):
-                        t0 = time.perf_counter()
-                        client = stream_native if transport == "stream" else stream_realtime
-                        finals = asyncio.run(client(base, rec, args.pace, condition, engine, args.partials == "on"))
-                        rows.append(live_row(rec, system, run, finals, time.perf_counter() - t0))
-                        print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s"]),
-                              flush=True)
+            for transport, condition, context in [(t, c, x) for t in transports for c in conditions
+                                                  for x in (contexts if t == "stream" else [None])]:
+                ctx = "" if context is None else ("+ctx" if context else "-ctx")
+                system = f"{transport}{'+cond' if condition else ''}{ctx}@{args.pace:g}x"
+                for run in range(args.runs):
+                    t0, before = time.perf_counter(), engine.metrics()
+                    if transport == "stream":
+                        finals = asyncio.run(stream_native(base, rec, args.pace, condition, engine, args.partials == "on",
+                                                           context))
+                    else:
+                        finals = asyncio.run(stream_realtime(base, rec, args.pace, condition))
+                    rows.append({**live_row(rec, system, run, finals, time.perf_counter() - t0),
+                                 **cost(before, engine.metrics(), finals)})
+                    print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s",
+                                            "engine_ms_per_window", "encode_ms_per_window", "decode_ms_per_window",
+                                            "latency_p50_ms", "latency_p95_ms"]), flush=True)
             rows += offline_rows(engine, fw, rec, offline)
     engine.close()
     result = {"environment": environment(), "model": args.model, "pace": args.pace, "audio_dir": str(AUDIO_DIR),
               "summary": summary(rows), "runs": rows}
     print("\n" + table(result["summary"], ["file", "system", "runs", "wer_%", "wer_min", "wer_max", "spread", "items",
-                                           "runaway", "unjoined", "identical_runs"]))
+                                           "runaway", "unjoined", "identical_runs", "engine_ms_per_window",
+                                           "latency_p50_ms", "latency_p95_ms"]))
     print("wrote", write_json(args.out, result))
 
 

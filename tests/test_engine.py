@@ -304,6 +304,34 @@ def test_prompt_tokens_are_fed_verbatim(engine, jfk_path):
         engine.submit(audio, DecodeOptions(prompt_tokens=[tok.eot]))
 
 
+def test_a_forced_prefix_is_continued_and_left_out_of_the_result(engine, jfk_path):
+    """A decode's own first segment forced as prefix (timestamps included) gives the rest of that
+    decode: the timestamp rules go on from the prefix, and the result holds only what follows."""
+    audio = decode_audio(jfk_path)
+    tok = engine.tokenizer
+    whole = asyncio.run(engine.transcribe(audio, DecodeOptions(timestamps=True)))
+    stamps = [i for i, t in enumerate(whole.tokens) if t >= tok.timestamp_begin]
+    assert len(whole.segments) >= 2 and len(stamps) >= 4
+    cut = stamps[1] + 1  # <|start|> first segment <|end|>
+    rest = asyncio.run(engine.transcribe(audio, DecodeOptions(timestamps=True, prefix_tokens=whole.tokens[:cut])))
+    assert rest.tokens == whole.tokens[cut:]
+    assert rest.text == "".join(s.text for s in whole.segments[1:]).strip()
+    assert rest.segments[0].start >= whole.segments[0].end
+    with pytest.raises(ValueError, match="timestamps=True"):
+        engine.submit(audio, DecodeOptions(prefix_tokens=whole.tokens[:cut]))
+    with pytest.raises(ValueError, match="prefix_tokens must be text or timestamp"):
+        engine.submit(audio, DecodeOptions(timestamps=True, prefix_tokens=[tok.sot]))
+    with pytest.raises(ValueError, match="not both"):
+        DecodeOptions(prefix="a", prefix_tokens=[1])
+    # Gateways send it to engine cores as is (live finals with acoustic context).
+    import msgspec
+
+    from streamer.engine.protocol import Submit
+    sent = Submit(id="w", gateway="g", audio=b"", options=DecodeOptions(timestamps=True, prefix_tokens=whole.tokens[:cut]),
+                  priority=0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(sent), type=Submit).options == sent.options
+
+
 def test_repeated_phrases_that_end_are_not_a_loop():
     """A high compression ratio means a loop only when the decode ran to its token limit."""
     from streamer.model.decoding import compression_ratio, needs_fallback

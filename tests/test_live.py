@@ -39,8 +39,8 @@ def speech(jfk_path) -> np.ndarray:
     return np.concatenate([jfk, np.zeros(2 * SR, np.float32), jfk, np.zeros(SR, np.float32)])
 
 
-def result(text: str, duration: float = 3.0) -> Result:
-    seg = Segment(id=0, start=0.0, end=duration, text=" " + text, tokens=[1, 2, 3], avg_logprob=-0.2,
+def result(text: str, duration: float = 3.0, start: float = 0.0) -> Result:
+    seg = Segment(id=0, start=start, end=duration, text=" " + text, tokens=[1, 2, 3], avg_logprob=-0.2,
                   no_speech_prob=0.01, compression_ratio=1.3, temperature=0.0)
     verdict = judge(text, -0.2, 0.01, 1.3, False, DecodeOptions(), 0.0)
     return Result(request_id="w", text=text, tokens=[1, 2, 3], segments=[seg], language="en", avg_logprob=-0.2,
@@ -48,9 +48,19 @@ def result(text: str, duration: float = 3.0) -> Result:
 
 
 def policy(vad, cadence=None, **streaming) -> LivePolicy:
+    # Acoustic context (on by default) makes a stream's finals wait for each other; the rules for
+    # finals in the engine side by side are tested without it, context has its own test.
+    streaming.setdefault("acoustic_context", False)
     session = Session(StreamingConfig(**streaming), vad)
     return LivePolicy(session, LiveOptions("en"), encode=lambda text: list(range(len(text.split()))),
-                      max_new_tokens=224, cadence=cadence)
+                      max_new_tokens=224, cadence=cadence, timestamp_token=timestamp_token)
+
+
+def timestamp_token(t: float) -> int:
+    return TIMESTAMP_BEGIN + round(t / 0.02)
+
+
+TIMESTAMP_BEGIN = 50364
 
 
 def of(actions, kind):
@@ -187,6 +197,29 @@ def test_conditioning_submits_a_final_after_the_previous_is_in(vad, speech):
     nxt = of(p.on_result(subs[0].job, result("And so my fellow Americans"), now), Submit)
     assert len(nxt) == 1 and nxt[0].window.prompt.endswith("And so my fellow Americans")
     assert nxt[0].options.prompt_tokens
+
+
+def test_acoustic_context_forces_the_previous_finals_as_the_prefix(vad, speech):
+    p = policy(vad, partials=False, acoustic_context=True)
+    acts, now = drive(p, speech)
+    commits, subs = of(acts, Committed), of(acts, Submit)
+    assert len(commits) >= 2 and len(subs) == 1, "a final with context went in before the previous one was in"
+    first = subs[0]
+    assert first.window.context_s == 0 and first.options.prefix_tokens is None
+    out = p.on_result(first.job, result("And so my fellow Americans", 1.5, 0.5), now)
+    (second,) = of(out, Submit)
+    w = second.window
+    assert w.start == first.window.start and w.context_s > 0
+    assert commits[1].start == pytest.approx(w.utterance_start)  # the utterance's own audio, not its context
+    # The first final as Whisper writes a segment: <|0.50|> text <|1.50|>, in the window's frame.
+    assert second.options.prefix_tokens == (timestamp_token(0.5), 1, 2, 3, timestamp_token(1.5))
+    assert second.options.timestamps and second.options.prompt_tokens is None
+    # Only what follows the prefix is the final; its duration is the utterance's own audio.
+    done = of(p.on_result(second.job, result("ask not", w.context_s + 2.0, w.context_s + 0.2), now), Finalized)
+    assert done[0].final.text == "ask not" and done[0].final.start == pytest.approx(w.utterance_start + 0.2)
+    assert done[0].duration == pytest.approx(w.end - w.utterance_start)
+    with pytest.raises(ValueError, match="timestamp_token"):
+        LivePolicy(Session(StreamingConfig(acoustic_context=True), vad), LiveOptions("en"), encode=len, max_new_tokens=224)
 
 
 def test_drop_open_abandons_the_utterance(vad, speech):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import jiwer
+import numpy as np
 import pytest
 from whisper_normalizer.english import EnglishTextNormalizer
 
@@ -32,11 +33,11 @@ def wer(reference: str, hypothesis: str) -> float:
     return jiwer.wer(normalize(reference), normalize(hypothesis))
 
 
-async def stream(engine, audio, config: StreamingConfig) -> list[Finalized]:
+async def stream(engine, audio, config: StreamingConfig, word_timestamps: bool = False) -> list[Finalized]:
     finals: list[Finalized] = []
     bridge = Bridge(Session(config, SileroVAD()), engine, Metrics(lambda: None),
                     lambda e: finals.append(e) if isinstance(e, Finalized) else None,
-                    session_id="live-test", language="en", task="transcribe")
+                    session_id="live-test", language="en", task="transcribe", word_timestamps=word_timestamps)
     for i in range(0, len(audio), CHUNK):
         bridge.feed(audio[i:i + CHUNK])
         await asyncio.sleep(0)  # let results in, as a socket's reads would
@@ -67,6 +68,40 @@ def test_live_finals_of_a_six_minute_recording_match_offline(engine, long_row):
             assert len(normalize(f.final.text).split()) <= 2 * rate * f.duration + 4, f.final.text  # no runaway
 
 
+def test_acoustic_context_decodes_finals_inside_the_preceding_audio(engine, manifest):
+    """The Kennedy recording twice, 1.5 s apart, with acoustic context: the later finals go out
+    inside the stream's preceding audio with the earlier finals as the forced prefix, and their
+    text, times and word times are those of their own utterance (not of the context)."""
+    row = next(r for r in manifest if r["audio"].endswith("en/jfk.ogg"))
+    jfk = decode_audio(row["audio"])
+    audio = np.concatenate([jfk, np.zeros(int(1.5 * SR), np.float32), jfk, np.zeros(SR, np.float32)])
+    seen = []
+    submit = engine.submit
+
+    def spy(audio, options=None, **kw):
+        seen.append(options)
+        return submit(audio, options, **kw)
+
+    engine.submit = spy
+    try:
+        finals = asyncio.run(stream(engine, audio, StreamingConfig(partials=False, acoustic_context=True),
+                                    word_timestamps=True))
+    finally:
+        del engine.submit
+    assert sum(1 for o in seen if o.prefix_tokens) >= 2
+    texts = [f.final.text for f in finals if f.final is not None]
+    assert wer(row["text"] + " " + row["text"], " ".join(texts)) <= 0.05, texts
+    second = len(jfk) / SR + 1.5
+    starts = [f.final.start for f in finals if f.final is not None]
+    assert starts == sorted(starts) and any(t >= second for t in starts)
+    later = [f.final for f in finals if f.final is not None and f.final.start >= second]
+    assert wer(row["text"], " ".join(f.text for f in later)) <= 0.05  # the second pass alone, not the first again
+    for f in (f.final for f in finals if f.final is not None):  # aligned in the utterance's own audio
+        assert f.words and all(f.start - 0.05 <= w["start"] <= w["end"] <= f.end + 0.05 for w in f.words), f
+        starts = [w["start"] for w in f.words]  # spread over the speech, not piled at a segment's edge
+        assert starts == sorted(starts) and len(set(starts)) > len(starts) // 2, f
+
+
 def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():
     from streamer.protocols.start import ProtocolError, parse_start
 
@@ -74,8 +109,9 @@ def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():
     start = parse_start({"type": "start", "condition_on_previous_text": False, "prompt": " Kennedy. "}, defaults, False, {"en"})
     assert start.streaming.condition_on_previous is False and start.streaming.prompt == "Kennedy."
     assert parse_start({"type": "start", "condition_on_previous": True}, defaults, False, {"en"}).streaming.condition_on_previous
+    assert parse_start({"type": "start", "acoustic_context": True}, defaults, False, {"en"}).streaming.acoustic_context
     for fields, name in [({"condition_on_previous_text": "yes"}, "condition_on_previous_text"),
-                         ({"condition_on_previous": 1}, "condition_on_previous"),
+                         ({"condition_on_previous": 1}, "condition_on_previous"), ({"acoustic_context": "on"}, "acoustic_context"),
                          ({"prompt": 5}, "prompt"), ({"prompt": "x" * 2001}, "prompt")]:
         with pytest.raises(ProtocolError) as info:
             parse_start({"type": "start", **fields}, defaults, False, {"en"})

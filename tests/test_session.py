@@ -29,9 +29,10 @@ def word(word: str, start: float, end: float, probability: float = 0.9) -> types
     return types.Word(start=start, end=end, word=word, probability=probability)
 
 
-def segment(start: float, end: float, text: str, words: list[types.Word] | None = None) -> types.Segment:
-    return types.Segment(id=0, start=start, end=end, text=text, tokens=[], avg_logprob=-0.2, no_speech_prob=0.01,
-                         compression_ratio=1.3, temperature=0.0, words=words)
+def segment(start: float, end: float, text: str, words: list[types.Word] | None = None,
+            tokens: list[int] | None = None) -> types.Segment:
+    return types.Segment(id=0, start=start, end=end, text=text, tokens=tokens or [], avg_logprob=-0.2,
+                         no_speech_prob=0.01, compression_ratio=1.3, temperature=0.0, words=words)
 
 
 def result_of(text: str, segments: list[types.Segment] | None = None, *, avg_logprob: float = -0.2,
@@ -198,7 +199,8 @@ def utterance(session: Session, audio: np.ndarray) -> tuple[SubmitWindow, list[S
 
 def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]  # "And so my fellow Americans"
-    session = Session(StreamingConfig(condition_on_previous=True), vad)
+    # Without acoustic context: with it, the finals inside a window's audio are its prefix, not prompt.
+    session = Session(StreamingConfig(condition_on_previous=True, acoustic_context=False), vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt is None
     assert len(session.on_result(w1.window_id, result_of(" And so my fellow Americans."))) == 1
@@ -213,11 +215,11 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     # A loop (token limit, compressible) is shown (it has text and speech) but resets the prompt,
     # and the prompted window is to be decoded again without its prompt.
     loop = result_of(" Americans Americans Americans Americans", compression_ratio=3.1, truncated=True)
-    assert Session.retry_unprompted(w3, loop).prompt is None
+    assert session.retry_unprompted(w3, loop).prompt is None
     assert [e.text for e in session.on_result(w3.window_id, loop)] == [loop.text.strip()]
     w4, _ = utterance(session, clip)
     assert w4.prompt is None
-    assert Session.retry_unprompted(w4, loop) is None  # nothing to take away
+    assert session.retry_unprompted(w4, loop) is None  # nothing to take away
     session.on_result(w4.window_id, result_of(" Good."))
     w5, _ = utterance(session, clip)
     assert w5.prompt == "Good."
@@ -229,7 +231,7 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     session.on_result(w6.window_id, result_of(" Good."))
     w7, _ = utterance(session, clip)
     repeated = result_of(" Montreal forced a liner." * 3, compression_ratio=1.9)
-    assert repeated.verdict.repetition and Session.retry_unprompted(w7, repeated) is not None
+    assert repeated.verdict.repetition and session.retry_unprompted(w7, repeated) is not None
     session.on_result(w7.window_id, repeated)
     w8, _ = utterance(session, clip)
     assert w8.prompt is None
@@ -257,7 +259,7 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
 def test_prompt_is_bounded_opened_by_the_configured_prompt_and_dropped_after_a_pause(vad, jfk):
     clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]
     config = StreamingConfig(condition_on_previous=True, prompt="Kennedy.", prompt_max_tokens=4,
-                             prompt_reset_pause_s=5.0)
+                             prompt_reset_pause_s=5.0, acoustic_context=False)
     session = Session(config, vad)
     w1, _ = utterance(session, clip)
     assert w1.prompt == "Kennedy."  # the configured prompt opens the first one
@@ -279,6 +281,87 @@ def test_prompt_is_bounded_opened_by_the_configured_prompt_and_dropped_after_a_p
     v1, _ = utterance(off, clip)
     off.on_result(v1.window_id, result_of(" And so my fellow Americans."))
     assert utterance(off, clip)[0].prompt == "Kennedy."
+
+
+def spoken(text: str, start: float, end: float, tokens: list[int], **kw) -> request.Result:
+    return result_of(text, [segment(start, end, text, tokens=tokens)], **kw)
+
+
+def test_acoustic_context_opens_a_final_with_the_previous_finals_and_keeps_only_its_own_text(vad, jfk):
+    clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]  # "And so my fellow Americans"
+    session = Session(StreamingConfig(acoustic_context=True, partials=False), vad)
+    assert session.serial  # a final waits for the previous one: its context holds it
+    w1, _ = utterance(session, clip)
+    assert w1.context_s == 0 and w1.context == () and w1.utterance_start == w1.start
+    session.on_result(w1.window_id, spoken(" And so my fellow Americans.", 0.3, 2.0, [1, 2, 3]))
+
+    w2, _ = utterance(session, clip)
+    # The stream's audio from w1's start (w1, the silence after it), then the utterance's own.
+    assert w2.start == w1.start and w2.context_s == pytest.approx(w2.utterance_start - w1.start)
+    plain = Session(StreamingConfig(partials=False), vad)
+    utterance(plain, clip)
+    p2, _ = utterance(plain, clip)
+    own = round(w2.context_s * SR)
+    assert np.array_equal(w2.audio[:len(w1.audio)], w1.audio) and np.array_equal(w2.audio[own:], p2.audio)
+    assert w2.utterance_start == pytest.approx(p2.start)
+    assert len(w2.context) == 1 and w2.context[0][:2] == pytest.approx((0.3, 2.0))
+    assert w2.context[0][2] == (1, 2, 3)
+    # A segment that ends before the utterance's own audio transcribes the context: dropped.
+    ctx = w2.context_s
+    r2 = result_of(" Hmm. Ask not.", [segment(ctx - 1.0, ctx - 0.5, " Hmm.", tokens=[9]),
+                                      segment(ctx + 0.2, ctx + 1.8, " Ask not.", tokens=[4, 5])])
+    (f2,) = session.on_result(w2.window_id, r2)
+    assert f2.text == "Ask not." and f2.start == pytest.approx(w2.utterance_start + 0.2)
+    assert f2.end == pytest.approx(w2.utterance_start + 1.8)
+
+    # Both finals, timestamps from the window's start, none after the utterance's own audio begins.
+    w3, _ = utterance(session, clip)
+    assert w3.start == w1.start and [c[2] for c in w3.context] == [(1, 2, 3), (4, 5)]
+    assert w3.context[1][0] == pytest.approx(w2.utterance_start + 0.2 - w1.start)
+    assert all(a <= b <= w3.context_s for a, b, _ in w3.context)
+    # No new text under a forced prefix: decoded again alone, where the silence rules judge it.
+    nothing = result_of(" Hmm.", [segment(0.1, 0.4, " Hmm.", tokens=[9])])
+    alone = session.retry_unprompted(w3, nothing)
+    assert alone.context_s == 0 and alone.context == () and alone.prompt is None
+    assert alone.start == pytest.approx(w3.utterance_start) and len(alone.audio) == len(w3.audio) - round(w3.context_s * SR)
+    assert session.retry_unprompted(alone, nothing) is None  # nothing left to take away
+    (f3,) = session.on_result(w3.window_id, spoken(" Americans.", 0.3, 1.5, [6]))
+    assert f3.start == pytest.approx(alone.start + 0.3)  # times of the window decoded last
+
+    # A final committed before the previous one's result came back gets it on `reprompt`.
+    w4, _ = utterance(session, clip)
+    w5, _ = utterance(session, clip)
+    assert len(w5.context) == 3
+    session.on_result(w4.window_id, spoken(" Fine.", w4.context_s + 0.3, w4.context_s + 1.0, [7]))
+    w5 = session.reprompt(w5)
+    assert len(w5.context) == 4 and w5.start == w1.start and w5.end - w5.start <= 24.0
+    # A spoiled decode (a loop) is decoded alone, and no later final takes the context before it.
+    loop = result_of(" Americans Americans Americans Americans", [segment(w5.context_s, w5.context_s + 2, " A", tokens=[8])],
+                     compression_ratio=3.1, truncated=True)
+    assert session.retry_unprompted(w5, loop).context_s == 0
+    session.on_result(w5.window_id, loop)
+    w6, _ = utterance(session, clip)
+    assert w6.context_s == 0
+    session.on_result(w6.window_id, spoken(" Good.", w6.context_s + 0.3, w6.context_s + 1.0, [10]))
+    w7, _ = utterance(session, clip)
+    assert w7.start == w6.start and w7.context_s > 0
+    session.forget(w7.window_id)  # failed: what it held is unknown
+    assert utterance(session, clip)[0].context_s == 0
+
+    # A pause of acoustic_context_pause_s ends the context; the window is bounded to 24 s.
+    paused = Session(StreamingConfig(acoustic_context=True, acoustic_context_pause_s=3.0, partials=False), vad)
+    v1, _ = utterance(paused, clip)
+    paused.on_result(v1.window_id, spoken(" Americans.", 0.3, 1.5, [1]))
+    stream(paused, np.zeros(3 * SR, np.float32), close=False)
+    assert utterance(paused, clip)[0].context_s == 0
+    # With conditioning too, each earlier final is either in the window (prefix) or in the prompt.
+    bounded = Session(StreamingConfig(acoustic_context=True, condition_on_previous=True, partials=False), vad)
+    for k in range(12):
+        w, _ = utterance(bounded, clip)
+        assert w.end - w.start <= 24.0
+        assert len(w.context) + len((w.prompt or "").split()) == k
+        bounded.on_result(w.window_id, spoken(" Americans.", w.context_s + 0.3, w.context_s + 1.5, [1]))
+    assert w.context_s > 15 and w.prompt
 
 
 def test_flush_and_close(vad, jfk):

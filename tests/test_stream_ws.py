@@ -48,7 +48,11 @@ async def stream(url: str, audio: bytes, start: dict, *, frame_bytes: int, pace:
     """Send `start`, the audio in frames (at `pace` times real time, or as fast as possible),
     then `stop`; every server event until the close, and the close code as a last pseudo-event."""
     events: list[dict] = []
-    async with websockets.connect(url + "/v1/stream") as ws:
+    # No client keepalive: a client that sends faster than real time meets the server's
+    # backpressure (its socket is not read past MAX_BACKLOG_S), so its pings wait behind its audio,
+    # and on a loaded CPU the 20-s ping timeout closed a stream whose finals were still decoding
+    # one after another (acoustic context makes a stream's finals wait for each other).
+    async with websockets.connect(url + "/v1/stream", ping_interval=None) as ws:
         await ws.send(json.dumps({"type": "start", **start}))
         ready = json.loads(await ws.recv())
         assert ready["type"] == "ready", ready

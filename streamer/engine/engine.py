@@ -88,6 +88,10 @@ class EngineMetrics:
     last_step_s: float = 0.0
     busy_s: float = 0.0
     """Wall time spent in steps (encoder and decoder) since the engine started."""
+    encode_s: float = 0.0
+    """Of which admitting windows: features, encoder, prefill (`StepResult.encode_s`)."""
+    decode_s: float = 0.0
+    """Of which decoder steps of live sequences."""
     last_encoder_batch: int = 0
     step_times: deque = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
@@ -413,6 +417,8 @@ class Engine:
         m.windows += len(res.encoded)
         m.last_step_s = dt
         m.busy_s += dt
+        m.encode_s += res.encode_s
+        m.decode_s += res.decode_s
         m.last_encoder_batch = len(plan.encode)
         m.step_times.append(dt)
 
@@ -501,6 +507,7 @@ class Engine:
             "queue_depth": self.scheduler.queue_depth, "live_sequences": self.scheduler.live,
             "free_slots": self.scheduler.free_slots, "slots": self.runner.n_slots, "steps": m.steps,
             "tokens": m.tokens, "windows": m.windows, "tokens_per_s": m.tokens / elapsed, "busy_s": m.busy_s,
+            "encode_s": m.encode_s, "decode_s": m.decode_s,
             "last_step_ms": 1000 * m.last_step_s, "encoder_batch": m.last_encoder_batch,
             "step_ms_p50": 1000 * times[len(times) // 2] if times else 0.0,
         }

@@ -138,3 +138,10 @@ def check_options(options: DecodeOptions, tokenizer) -> None:
         raise ValueError(f"beam_size {options.beam_size}: at most {MAX_BEAM}")
     if options.prompt_tokens:
         tokenizer.prompt_from_tokens(options.prompt_tokens, 2)
+    if options.prefix_tokens:
+        try:
+            tokenizer.prompt_from_tokens(options.prefix_tokens, 2)  # a prefix takes the same ids
+        except ValueError:
+            raise ValueError("prefix_tokens must be text or timestamp tokens of this model") from None
+        if not options.timestamps and any(t >= tokenizer.timestamp_begin for t in options.prefix_tokens):
+            raise ValueError("prefix_tokens hold timestamps: decode with timestamps=True")

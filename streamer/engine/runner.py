@@ -69,7 +69,7 @@ class Sequence:
     """A live decoding sequence in a slot (host-side bookkeeping)."""
 
     request: object  # engine.request.Request
-    initial: list[int]  # prompt + start-of-transcript tokens fed before sampling
+    initial: list[int]  # prompt + start-of-transcript tokens + forced prefix, fed before sampling
     sot_index: int
     language: str
     max_new: int
@@ -548,6 +548,9 @@ class Runner:
         requests = [s.request for s in seqs]
         rs = slice(lo, lo + k)
         self.state.reset(rs, [r.options.timestamps for r in requests], [r.temperature for r in requests])
+        for i, r in enumerate(requests):
+            if r.options.prefix_tokens:
+                self.state.follow(lo + i, list(r.options.prefix_tokens), self.tok.timestamp_begin)
         hot = any(r.temperature > 0 for r in requests)
         noise = self._noise(torch.full((k, self.dims.n_vocab), 0.5, device=self.device), seqs) if hot else None
         sampled, logprobs, top = self.rules.sample(logits, self.state.rows(rs), noise,

@@ -31,14 +31,16 @@ async def add_word_timestamps(engine, audio: np.ndarray, windows: list[Window], 
                     seg.start, seg.end = words[0].start, max(words[-1].end, words[0].start)
 
 
-async def add_segment_words(engine, audio: np.ndarray, segments: list, *, language: str | None, task: str) -> None:
-    """Fill `words` of the segments of one decoded window (times relative to `audio`) in place;
-    for live finals that carry word timings (Deepgram's `words`)."""
+async def add_segment_words(engine, audio: np.ndarray, segments: list, *, language: str | None, task: str,
+                            offset: float = 0.0) -> None:
+    """Fill `words` of the segments of one decoded window in place; for live finals that carry
+    word timings (Deepgram's `words`). Segment and word times are from the window's start, and
+    `audio` (what the words are aligned in) begins `offset` seconds into it."""
     segments = [s for s in segments if s.tokens]
     if not segments:
         return
     item = AlignmentItem(audio, [t for s in segments for t in s.tokens])
     (timings,) = await engine.align([item], language, task)
-    per_segment = words_in_segments(timings, [(s.start, s.end, len(s.tokens)) for s in segments], offset=0.0)
+    per_segment = words_in_segments(timings, [(s.start, s.end, len(s.tokens)) for s in segments], offset=offset)
     for seg, words in zip(segments, per_segment):
         seg.words = words

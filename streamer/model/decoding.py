@@ -51,6 +51,10 @@ class DecodeOptions:
     kept), timestamp tokens included, as openai/whisper's long-form loop feeds its own output back."""
     prefix: str | None = None
     """Text forced at the start of this window's output."""
+    prefix_tokens: tuple[int, ...] | None = None
+    """Tokens forced at the start of this window's output, timestamps included, as if the decoder
+    had sampled them: the timestamp rules continue after them and the result holds only what
+    follows (a live final decoded inside the stream's preceding audio, `streaming/session.py`)."""
     timestamps: bool = False
     """Predict segment timestamp tokens instead of `<|notimestamps|>`."""
     word_timestamps: bool = False
@@ -85,6 +89,10 @@ class DecodeOptions:
                 raise ValueError("give prompt or prompt_tokens, not both")
             # Which ids a model takes is the tokenizer's to say (Engine.submit checks).
             object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+        if self.prefix_tokens is not None:
+            if self.prefix:
+                raise ValueError("give prefix or prefix_tokens, not both")
+            object.__setattr__(self, "prefix_tokens", tuple(int(t) for t in self.prefix_tokens))
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, not {self.beam_size}")
         # A list would make the options unhashable; take any sequence and keep a tuple.
@@ -129,7 +137,10 @@ def initial_tokens(options: DecodeOptions, tokenizer: "Tokenizer", n_text_ctx: i
     detect = tokenizer.multilingual and options.language is None
     # English stands in for a language still to be detected (the runner sets it before prefill).
     sot = tokenizer.sot_sequence("en" if detect else options.language, options.task, options.timestamps)
-    prefix = tokenizer.encode(" " + options.prefix.strip()) if options.prefix else []
+    if options.prefix:
+        prefix = tokenizer.encode(" " + options.prefix.strip())
+    else:  # tokens forced as the start of the output (a live final's acoustic context), timestamps kept
+        prefix = list(options.prefix_tokens or ())
     return InitialTokens(tuple(prompt + sot + prefix), sot_index=len(prompt),
                          language_index=len(prompt) + 1 if detect else None)
 

@@ -48,6 +48,18 @@ class SamplerState:
         self.timestamps[s] = torch.tensor(timestamps, device=self.timestamps.device)
         self.temperature[s] = torch.tensor(temperature, dtype=torch.float32, device=self.temperature.device)
 
+    def follow(self, row: int, tokens: list[int], timestamp_begin: int) -> None:
+        """Row `row` goes on after forced `tokens` (a prefix) as if it had sampled them, so that the
+        timestamp rules hold across the join (pairs, no decrease) and the first-token rules do not
+        apply again."""
+        if not tokens:
+            return
+        stamps = [t for t in tokens if t >= timestamp_begin]
+        self.n_sampled[row] = len(tokens)
+        self.last[row] = tokens[-1]
+        self.penultimate[row] = tokens[-2] if len(tokens) > 1 else -1
+        self.last_timestamp[row] = max(stamps) if stamps else -1
+
     def move_rows(self, src, dst) -> None:
         """Copy rows `src` (a tensor of indices) into rows `dst` (disjoint from them)."""
         for f in self.__dataclass_fields__:

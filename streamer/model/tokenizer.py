@@ -113,6 +113,10 @@ class Tokenizer:
     def time_of(self, token: int) -> float:
         return (token - self.timestamp_begin) * TIME_PRECISION
 
+    def timestamp_token(self, t: float) -> int:
+        """The timestamp token nearest to `t` seconds, within <|0.00|> .. <|30.00|>."""
+        return self.timestamp_begin + min(max(round(t / TIME_PRECISION), 0), N_TIMESTAMPS - 1)
+
     @cached_property
     def blank_tokens(self) -> list[int]:
         """Suppressed as the first sampled token: a transcript never starts with a bare space."""

@@ -96,7 +96,8 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
     With `audio_fields=False` (WebRTC) the audio format fields are ignored: the track decides.
     """
     allowed = {"type", "sample_rate", "encoding", "channels", "multichannel", "language", "task", "partials",
-               "partial_interval_ms", "condition_on_previous", "condition_on_previous_text", "prompt", "vad"}
+               "partial_interval_ms", "condition_on_previous", "condition_on_previous_text", "prompt", "vad",
+               "acoustic_context"}
     for name in msg:
         if name not in allowed:
             raise bad_field(name, "unknown field")
@@ -128,6 +129,8 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
             changes["condition_on_previous"] = _checked(v.boolean, msg[name], name)
     if "prompt" in msg:
         changes["prompt"] = parse_prompt(msg["prompt"], "prompt")
+    if "acoustic_context" in msg:
+        changes["acoustic_context"] = _checked(v.boolean, msg["acoustic_context"], "acoustic_context")
     if "vad" in msg:
         changes["vad"] = parse_vad(msg["vad"], defaults.vad)
     return StartOptions(rate, encoding, channels, dataclasses.replace(defaults, **changes), multichannel)

@@ -70,7 +70,7 @@ class Bridge:
         self.session_id = session_id
         self.policy = LivePolicy(session, LiveOptions(language, task, word_timestamps),
                                  encode=engine.tokenizer.encode, max_new_tokens=engine.config.max_new_tokens,
-                                 cadence=cadence)
+                                 cadence=cadence, timestamp_token=engine.tokenizer.timestamp_token)
         self._handles: dict[int, tuple[Handle, str]] = {}
         """job -> (its window in the engine, kind)."""
         self._tasks: set[asyncio.Task] = set()
@@ -213,8 +213,8 @@ class Bridge:
 
     async def _align(self, action: Align) -> None:
         try:
-            await add_segment_words(self.engine, action.window.audio, action.segments, language=action.language,
-                                    task=self.policy.options.task)
+            await add_segment_words(self.engine, action.audio, action.segments, language=action.language,
+                                    task=self.policy.options.task, offset=action.window.context_s)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -60,7 +60,8 @@ class SubmitWindow:
     window_id: WindowId
     """Unique within the session; names the result that comes back."""
     audio: np.ndarray
-    """float32 mono 16 kHz, at most 30 s; the utterance from its (padded) start."""
+    """float32 mono 16 kHz, at most 30 s; the utterance from its (padded) start, after
+    `context_s` of preceding audio on a final with acoustic context."""
     start: float
     """Stream time of `audio[0]`: add it to the result's window-relative times."""
     prompt: str | None
@@ -68,6 +69,13 @@ class SubmitWindow:
     speech_end: float | None = None
     """Finals only: stream time at which the speech of the utterance stopped (or was cut);
     finalisation latency is measured from the moment the stream reached it."""
+    context_s: float = 0.0
+    """Finals only: seconds of the stream's preceding audio that open `audio` before the utterance
+    (acoustic context, `StreamingConfig.acoustic_context`); 0: the utterance alone."""
+    context: tuple[tuple[float, float, tuple[int, ...]], ...] = ()
+    """The previous finals' segments heard in that audio, for the decoder's forced prefix: (start,
+    end) in seconds from `audio[0]` and their text tokens. Only what the decoder writes after them
+    is this utterance's text."""
 
     @property
     def kind(self) -> Literal["partial", "final"]:
@@ -81,6 +89,11 @@ class SubmitWindow:
     def end(self) -> float:
         """Stream time just after the last sample."""
         return self.start + len(self.audio) / SAMPLE_RATE
+
+    @property
+    def utterance_start(self) -> float:
+        """Stream time at which the utterance's own audio begins (after any context)."""
+        return self.start + self.context_s
 
 
 @dataclass(frozen=True)

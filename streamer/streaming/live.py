@@ -22,9 +22,11 @@ Rules (each measured; docs/benchmarks.md):
   gateway's shared `PartialCadence`, which widens under load before finals are delayed.
 - Finals are delivered in the order their windows were committed, whatever order the engine
   finishes them in (the next prompt and the Realtime API's commit order depend on it).
-- With conditioning on, a final is submitted once the previous final is in, with the prompt as it
-  then stands, so that a stream's text does not depend on the engine's speed; a prompted final
-  whose decode spoils the context is decoded again without the prompt.
+- With conditioning or acoustic context on, a final is submitted once the previous final is in,
+  with the prompt and context as they then stand, so that a stream's text does not depend on the
+  engine's speed; a final whose decode with them spoils the context is decoded again alone.
+- A final with acoustic context forces the previous finals' segments (text and timestamps) as the
+  decoder's prefix (`DecodeOptions.prefix_tokens`); the result holds only what follows them.
 - Every live window carries a deadline: when its audio ended at real-time pace. The engine serves
   a class in deadline order, so a client that sends faster than real time queues behind others.
 - A final refused by a full queue is retried for `final_patience_s`; a refused partial is dropped.
@@ -82,7 +84,13 @@ class Align:
     job: int
     window: SubmitWindow
     segments: list
+    """The final's segments, times from the window's start."""
     language: str | None
+
+    @property
+    def audio(self) -> np.ndarray:
+        """What the words are aligned in: the utterance's own audio, not its acoustic context."""
+        return self.window.audio[round(self.window.context_s * SAMPLE_RATE):]
 
 
 @dataclass(frozen=True)
@@ -155,12 +163,17 @@ class LivePolicy:
     """The engine-facing state of one live stream."""
 
     def __init__(self, session: Session, options: LiveOptions, *, encode: Callable[[str], list[int]],
-                 max_new_tokens: int, cadence: PartialCadence | None = None):
-        """`encode`: the tokenizer's text -> tokens (prompts); `max_new_tokens`: the engine's limit."""
+                 max_new_tokens: int, cadence: PartialCadence | None = None,
+                 timestamp_token: Callable[[float], int] | None = None):
+        """`encode`: the tokenizer's text -> tokens (prompts); `max_new_tokens`: the engine's limit;
+        `timestamp_token`: the tokenizer's seconds -> timestamp token (acoustic context's prefix)."""
+        if session.config.acoustic_context and timestamp_token is None:
+            raise ValueError("acoustic context needs the tokenizer's timestamp_token")
         self.session = session
         self.options = options
         self.cadence = cadence
         self._encode = encode
+        self._timestamp_token = timestamp_token
         self._max_new_tokens = max_new_tokens
         self._jobs = 0
         self._marks: deque[tuple[float, float]] = deque()
@@ -259,8 +272,9 @@ class LivePolicy:
             final.job = self._next_job()
             return [self._submit_final(final, now)]
         final.result = result
-        if self.options.word_timestamps and result.segments:
-            return [Align(final.job, final.window, list(result.segments), result.language or self.options.language)]
+        segments = self.session.new_segments(final.window, result)
+        if self.options.word_timestamps and segments:
+            return [Align(final.job, final.window, segments, result.language or self.options.language)]
         final.done = True
         return self._deliver(now)
 
@@ -364,8 +378,8 @@ class LivePolicy:
             return out
         final = _Final(window, self._next_job())
         self._finals.append(final)
-        out.append(Committed(window.utterance_id, window.start, window.end, window.speech_end))
-        if not (self.session.config.condition_on_previous and len(self._finals) > 1):
+        out.append(Committed(window.utterance_id, window.utterance_start, window.end, window.speech_end))
+        if not (self.session.serial and len(self._finals) > 1):
             out.append(self._submit_final(final, now))
         return out  # else submitted once the one before it is delivered (`_deliver`)
 
@@ -393,11 +407,11 @@ class LivePolicy:
             if done is not None:
                 out.append(Observe("finalisation", latency))
             code, message = final.error or (None, None)
-            out.append(Finalized(window.utterance_id, done, 1000.0 * latency, len(window.audio) / SAMPLE_RATE,
+            out.append(Finalized(window.utterance_id, done, 1000.0 * latency, window.end - window.utterance_start,
                                  message, code))
             if self._finals and not self._finals[0].submitted and not self._finals[0].done:
                 nxt = self._finals[0]
-                nxt.window = self.session.reprompt(nxt.window)  # its prompt now has this final's text
+                nxt.window = self.session.reprompt(nxt.window)  # its prompt/context now has this final
                 out.append(self._submit_final(nxt, now))
         if not self._finals:
             out += self._maybe_partial(now)
@@ -429,12 +443,21 @@ class LivePolicy:
         tokens = self._encode(" " + window.prompt.strip())
         return tuple(tokens[-self.session.config.prompt_max_tokens:]) or None
 
+    def _prefix_tokens(self, window: SubmitWindow) -> tuple[int, ...] | None:
+        """A final's acoustic context as the decoder's forced prefix: each previous final's
+        segment as Whisper writes one, <|start|> text <|end|>."""
+        if not window.context:
+            return None
+        ts = self._timestamp_token
+        return tuple(t for start, end, tokens in window.context for t in (ts(start), *tokens, ts(end)))
+
     def _options(self, window: SubmitWindow) -> DecodeOptions:
         o = self.options
         prompt = self._prompt_tokens(window)
         if window.kind == "final":
             # As offline transcription decodes, with timestamps for the final's stream span.
-            return DecodeOptions(task=o.task, language=o.language, prompt_tokens=prompt, timestamps=True)
+            return DecodeOptions(task=o.task, language=o.language, prompt_tokens=prompt, timestamps=True,
+                                 prefix_tokens=self._prefix_tokens(window))
         # A partial is shown only if its greedy decode is good: the fallback to higher temperatures
         # costs a full decode per temperature (0.5 s of speech on tiny.en, CPU: 0.6 s greedy, 5.4 s
         # with all six), and a loop is cut short.

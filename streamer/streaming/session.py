@@ -15,6 +15,13 @@ Partial windows: every `partial_interval_s` of an utterance's audio, the utteran
 Only the newest result counts: a partial result older than one already delivered, or that
 arrives after the utterance's final window was submitted, is dropped. Final windows: the
 whole utterance, padding included, at end of speech, at a max-length cut, or on `flush()`.
+
+Acoustic context (`StreamingConfig.acoustic_context`): a final window opens with the stream's
+audio since the earliest of the previous finals that are close enough (no pause of
+`acoustic_context_pause_s` between them, the whole window within 30 s), and carries those finals'
+segments (`SubmitWindow.context`) for the decoder's forced prefix. What the decoder writes after
+the prefix is the utterance's text; a segment that ends before the utterance's own audio begins
+was speech of the context that no final had kept (a VAD-discarded burst), and is dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +40,14 @@ from streamer.streaming.stabilize import LocalAgreement
 
 MAX_WINDOW_S = 30.0
 """Whisper sees one 30-s window; an utterance must fit in it."""
+CONTEXT_WINDOW_S = 24.0
+"""A final window with acoustic context is at most this long: Whisper takes speech that runs to
+near the end of its 30-s window for a segment cut at the edge and ends without writing it (it
+expects the next window to), which left 3.5 s of speech after a 26-s context with no text."""
+CONTEXT_MAX_TOKENS = 160
+"""Forced prefix of a final with acoustic context, at most: with a prompt of `prompt_max_tokens`
+(128) and the start-of-transcript tokens, at least 150 of Whisper's 448 positions stay for the
+new text (about 3 tokens a second of speech, 30 s at most)."""
 CHARS_PER_TOKEN = 6
 """Text kept for a prompt: `prompt_max_tokens` of at most this many characters each (the caller
 cuts the prompt to its exact token count)."""
@@ -100,12 +115,29 @@ class _Utterance:
 
 
 @dataclass(frozen=True)
-class _FinalWindow:
-    """A final window in flight."""
+class _Heard:
+    """A delivered final that later finals may take as acoustic context."""
 
-    utterance_id: int
-    start: float
-    end: float
+    start: int
+    """Its utterance's first sample (padded)."""
+    end: int
+    """Just after its window's last sample."""
+    segments: tuple[tuple[float, float, tuple[int, ...]], ...]
+    """(start, end) in stream seconds and text tokens of each of its segments."""
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens of its segments in a forced prefix: the text and a timestamp pair each."""
+        return sum(len(tokens) + 2 for _, _, tokens in self.segments)
+
+
+def _alone(window: SubmitWindow) -> SubmitWindow:
+    """A final window without its acoustic context: the utterance's own audio."""
+    if not window.context_s:
+        return window
+    skip = round(window.context_s * SAMPLE_RATE)
+    return dataclasses.replace(window, audio=window.audio[skip:], start=window.utterance_start, context_s=0.0,
+                               context=())
 
 
 class Session:
@@ -129,10 +161,12 @@ class Session:
         self._audio = _AudioBuffer()
         self._utterance: _Utterance | None = None
         self._next_id = 1
-        self._finals: dict[int, _FinalWindow] = {}
-        """Final windows in flight, by utterance."""
-        self._context: list[str] = []
-        """Texts of the previous finals that may prompt the next utterance, oldest first."""
+        self._finals: dict[int, SubmitWindow] = {}
+        """Final windows in flight, by utterance, as last submitted."""
+        self._context: list[tuple[float, str]] = []
+        """(utterance start, text) of the previous finals that may prompt the next utterance, oldest first."""
+        self._heard: list[_Heard] = []
+        """Recent finals that may be acoustic context (`acoustic_context` only), oldest first."""
         self._context_end = 0.0
         """Stream time at which the newest of them ended."""
         self.closed = False
@@ -141,6 +175,11 @@ class Session:
     def stream_time(self) -> float:
         """Seconds of audio fed so far."""
         return self._audio.end / SAMPLE_RATE
+
+    @property
+    def serial(self) -> bool:
+        """A final must wait for the previous final's result: its prompt or context holds it."""
+        return self.config.condition_on_previous or self.config.acoustic_context
 
     def feed(self, pcm: np.ndarray) -> list[Event]:
         """Take the next chunk of audio (float32, 16 kHz mono, any length)."""
@@ -163,8 +202,17 @@ class Session:
             due = utt is not None and frame_end - utt.partial_mark >= self.partial_interval_s * SAMPLE_RATE
             if self.config.partials and due:
                 events.append(self._submit_partial(utt, frame_end))
-        self._audio.drop_before(self._segmenter.keep_from)
+        self._audio.drop_before(self._keep_from())
         return events
+
+    def _keep_from(self) -> int:
+        """Earliest sample still needed: the VAD's, and with acoustic context 30 s before the end
+        of any final window to come or in flight (one waiting for the previous final is built again)."""
+        keep = self._segmenter.keep_from
+        if not self.config.acoustic_context:
+            return keep
+        ends = [round(w.end * SAMPLE_RATE) for w in self._finals.values()]
+        return min([keep] + ends) - round(MAX_WINDOW_S * SAMPLE_RATE)
 
     def flush(self) -> list[Event]:
         """End the current utterance now (a client's commit) and submit its final window."""
@@ -191,8 +239,10 @@ class Session:
         return self._partial_result(window_id.utterance_id, window_id.seq, result)
 
     def forget(self, window_id: WindowId) -> None:
-        """A final window that will never have a result (its decode failed)."""
+        """A final window that will never have a result (its decode failed): what it held is
+        unknown, so no later final takes the audio before it as context."""
         self._finals.pop(window_id.utterance_id, None)
+        self._heard.clear()
 
     def _on_boundary(self, b: VADEvent) -> list[Event]:
         if b.kind == "start":
@@ -215,29 +265,84 @@ class Session:
         self._next_id += 1
         return utt
 
-    def _window_prompt(self, start: int) -> str | None:
-        """The prompt of a window whose audio starts at sample `start`: the configured prompt, then
-        the previous finals' text unless a long pause came before."""
+    def _window_prompt(self, start: int, audio_from: int | None = None) -> str | None:
+        """The prompt of an utterance that starts at sample `start` (its window's audio at
+        `audio_from`, earlier with acoustic context): the configured prompt, then the text of the
+        previous finals before the window's audio, unless a long pause came before the utterance."""
         if self._context and start / SAMPLE_RATE - self._context_end > self.config.prompt_reset_pause_s:
             self._context.clear()
         parts = [self.config.prompt.strip()] if self.config.prompt and self.config.prompt.strip() else []
         if self.config.condition_on_previous:
-            parts += self._context
+            # Finals inside the window's audio are its forced prefix (acoustic context), not prompt.
+            audio_from = start if audio_from is None else audio_from
+            parts += [text for began, text in self._context if round(began * SAMPLE_RATE) < audio_from]
         return " ".join(parts) or None
 
     def reprompt(self, window: SubmitWindow) -> SubmitWindow:
-        """`window` with the prompt as it stands now: a final submitted before the previous final's
-        result came back gets that text too (the caller waits for it, so that a stream's prompts
-        and thus its text do not depend on how fast the engine answered)."""
-        return dataclasses.replace(window, prompt=self._window_prompt(round(window.start * SAMPLE_RATE)))
+        """Final `window` with its prompt and acoustic context as they stand now: a final submitted
+        before the previous final's result came back gets that final too (the caller waits for it,
+        so that a stream's prompts and thus its text do not depend on how fast the engine answered)."""
+        return self._prepared(window)
 
-    @staticmethod
-    def retry_unprompted(window: SubmitWindow, result: Any) -> SubmitWindow | None:
-        """A final to decode again without its prompt, or None: the prompted decode looped,
-        repeated itself, was improbable, or needed a hot retry; a prompt can cause all of them."""
-        if window.kind != "final" or not window.prompt or result.verdict.silence or not _spoils_context(result):
+    def retry_unprompted(self, window: SubmitWindow, result: Any) -> SubmitWindow | None:
+        """A final to decode again alone (no prompt, no acoustic context), or None: the decode
+        with them looped, repeated itself, was improbable, or needed a hot retry; a prompt or a
+        forced prefix can cause all of them. A forced prefix can also make the decoder stop at
+        once: a final with context and no new text is decoded alone too, where the usual
+        silence rules judge it."""
+        if window.kind != "final" or not (window.prompt or window.context_s) or result.verdict.silence:
             return None
-        return dataclasses.replace(window, prompt=None)
+        empty = window.context_s and not "".join(s.text for s in self.new_segments(window, result)).strip()
+        if not (empty or _spoils_context(result)):
+            return None
+        alone = dataclasses.replace(_alone(window), prompt=None)
+        self._finals[alone.utterance_id] = alone
+        return alone
+
+    def new_segments(self, window: SubmitWindow, result: Any) -> list:
+        """The segments of a final's `result` that are its utterance's: with acoustic context, a
+        segment that ends before the utterance's audio begins transcribes the context."""
+        segments = list(result.segments or [])
+        if not window.context_s:
+            return segments
+        return [s for s in segments if s.end > window.context_s]
+
+    def _prepared(self, window: SubmitWindow) -> SubmitWindow:
+        """Final `window` with acoustic context (when on) and prompt as they stand now, and
+        recorded as the one in flight."""
+        own = _alone(window)
+        u0, end = round(own.start * SAMPLE_RATE), round(own.end * SAMPLE_RATE)
+        c0, context = self._acoustic_context(u0, end) if self.config.acoustic_context else (u0, ())
+        if c0 < u0:
+            own = dataclasses.replace(own, audio=np.concatenate([self._audio.slice(c0, u0), own.audio]),
+                                      start=c0 / SAMPLE_RATE, context_s=(u0 - c0) / SAMPLE_RATE, context=context)
+        own = dataclasses.replace(own, prompt=self._window_prompt(u0, c0))
+        self._finals[own.utterance_id] = own
+        return own
+
+    def _acoustic_context(self, u0: int, end: int) -> tuple[int, tuple[tuple[float, float, tuple[int, ...]], ...]]:
+        """(first sample, prefix segments in seconds from it) of the context of an utterance at
+        samples [u0, end): the newest finals back to a long pause, within `CONTEXT_WINDOW_S` and the
+        token bound."""
+        pause = round(self.config.acoustic_context_pause_s * SAMPLE_RATE)
+        chain: list[_Heard] = []
+        c0, n = u0, 0
+        for h in reversed(self._heard):
+            if c0 - h.end >= pause or end - h.start > CONTEXT_WINDOW_S * SAMPLE_RATE \
+                    or n + h.n_tokens > CONTEXT_MAX_TOKENS or h.start < self._audio.start or h.start >= c0:
+                break
+            chain.insert(0, h)
+            c0, n = h.start, n + h.n_tokens
+        # Timestamps in the window's frame, in order, and none after the utterance begins: the
+        # decoder's next timestamp may then fall where the utterance's speech starts.
+        limit, last, segments = (u0 - c0) / SAMPLE_RATE, 0.0, []
+        for h in chain:
+            for start, end_s, tokens in h.segments:
+                a = min(max(start - c0 / SAMPLE_RATE, last), limit)
+                b = min(max(end_s - c0 / SAMPLE_RATE, a), limit)
+                segments.append((a, b, tokens))
+                last = b
+        return c0, tuple(segments)
 
     def _submit_partial(self, utt: _Utterance, end: int) -> SubmitWindow:
         utt.partial_seq += 1
@@ -251,14 +356,13 @@ class Session:
         )
 
     def _submit_final(self, utt: _Utterance, end: int, speech_end: int) -> SubmitWindow:
-        self._finals[utt.id] = _FinalWindow(utt.id, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)
-        return SubmitWindow(
+        return self._prepared(SubmitWindow(
             window_id=WindowId(utt.id, "final"),
             audio=self._audio.slice(utt.start, end),
             start=utt.start / SAMPLE_RATE,
-            prompt=self._window_prompt(utt.start),
+            prompt=None,
             speech_end=speech_end / SAMPLE_RATE,
-        )
+        ))
 
     def _partial_result(self, utterance_id: int, seq: int, result: Any) -> list[Event]:
         utt = self._utterance
@@ -276,21 +380,24 @@ class Session:
         split = utt.agreement.update(result.text)
         return [Partial(utterance_id, split.text, split.stable, split.unstable, utt.start / SAMPLE_RATE, end / SAMPLE_RATE)]
 
-    def _final_result(self, window: _FinalWindow, result: Any) -> list[Event]:
+    def _final_result(self, window: SubmitWindow, result: Any) -> list[Event]:
         if _spoils_context(result):
             self._context.clear()
-        text = result.text.strip()
+            self._heard.clear()
+        segments = self.new_segments(window, result)
+        text = "".join(s.text for s in segments).strip() if window.context_s else result.text.strip()
         if not text or result.verdict.silence:
             return []
         if result.verdict.conditions:
-            self._context.append(text)
+            self._context.append((window.utterance_start, text))
             self._context_end = window.end
             limit = CHARS_PER_TOKEN * self.config.prompt_max_tokens
-            while len(self._context) > 1 and sum(len(t) + 1 for t in self._context) > limit:
+            while len(self._context) > 1 and sum(len(t) + 1 for _, t in self._context) > limit:
                 self._context.pop(0)
-            self._context[0] = _tail(self._context[0], limit)
-        segments = list(result.segments or [])
-        start = window.start + segments[0].start if segments else window.start
+            self._context[0] = (self._context[0][0], _tail(self._context[0][1], limit))
+            if self.config.acoustic_context:
+                self._hear(window, segments)
+        start = max(window.start + segments[0].start, window.utterance_start) if segments else window.utterance_start
         end = window.start + segments[-1].end if segments else window.end
         return [
             Final(
@@ -304,6 +411,14 @@ class Session:
                 avg_logprob=result.avg_logprob,
             )
         ]
+
+
+    def _hear(self, window: SubmitWindow, segments: list) -> None:
+        """Keep a final's segments as context for the finals after it (30 s back at most)."""
+        end = round(window.end * SAMPLE_RATE)
+        heard = tuple((window.start + s.start, window.start + s.end, tuple(s.tokens)) for s in segments if s.tokens)
+        self._heard.append(_Heard(round(window.utterance_start * SAMPLE_RATE), end, heard))
+        self._heard = [h for h in self._heard if h.start >= end - MAX_WINDOW_S * SAMPLE_RATE]
 
 
 def _tail(text: str, limit: int) -> str:

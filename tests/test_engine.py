@@ -417,6 +417,12 @@ def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():
         for seconds, result in zip((1.0, 2.0, 5.0), asyncio.run(main())):
             assert len(result.tokens) == round(SYNTHETIC_TOKENS_PER_S * seconds)
             assert result.temperature == 0.0
+        # A live final with acoustic context: only the audio after its forced prefix is new.
+        tok = engine.tokenizer
+        heard = (tok.timestamp_token(0.0), *tok.encode(" Hello."), tok.timestamp_token(3.0))
+        result = asyncio.run(engine.transcribe(np.zeros(5 * 16000, np.float32),
+                                               DecodeOptions(language="en", timestamps=True, prefix_tokens=heard)))
+        assert len(result.tokens) == round(SYNTHETIC_TOKENS_PER_S * 2.0)
     finally:
         engine.close()
 

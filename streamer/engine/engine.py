@@ -264,7 +264,10 @@ class Engine:
             deadline = now + ADMISSION_DEADLINE_S[priority]
         rate = self.loaded.synthetic_tokens_per_s
         if rate is not None:  # a speed-only shape: its length follows the audio's, one greedy attempt
-            n = max(1, round(rate * len(audio) / SAMPLE_RATE))
+            # Only the audio after a forced prefix is new (a live final's acoustic context).
+            stamps = [t for t in options.prefix_tokens or () if t >= self.tokenizer.timestamp_begin]
+            heard = self.tokenizer.time_of(max(stamps)) if stamps else 0.0
+            n = max(1, round(rate * max(0.0, len(audio) / SAMPLE_RATE - heard)))
             options = dataclasses.replace(options, max_new_tokens=min(n, options.max_new_tokens or n),
                                           temperatures=(0.0,), beam_size=1)
         request = Request(id=request_id, audio=np.asarray(audio, np.float32), options=options,

@@ -66,16 +66,15 @@ def copy_bandwidth_gbps() -> float:
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
-def graph_ms(calls: list) -> float:
-    """Median time of one call, from replays of a CUDA graph that makes every call once."""
+def capture(calls: list):
+    """A CUDA graph making every call once (warm-up and compilation outside it); None in DRY."""
     if DRY:
-        t0 = time.perf_counter()
         for call in calls:
             call()
-        return (time.perf_counter() - t0) * 1e3 / len(calls)
+        return None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (and Triton compilation) outside the capture
+    with torch.cuda.stream(side):
         for call in calls:
             call()
     torch.cuda.current_stream().wait_stream(side)
@@ -84,15 +83,31 @@ def graph_ms(calls: list) -> float:
         for call in calls:
             call()
     graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(graph, calls: list, reps: int = 10) -> float:
+    """Median µs of one call over `reps` replays of `graph` (DRY: the calls once, host time)."""
+    if DRY:
+        t0 = time.perf_counter()
+        for call in calls:
+            call()
+        return (time.perf_counter() - t0) * 1e6 / len(calls)
     times = []
-    for _ in range(20):
+    for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         stop.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) / len(calls))
+        times.append(start.elapsed_time(stop) * 1e3 / len(calls))
     return sorted(times)[len(times) // 2]
+
+
+def graph_ms(calls: list) -> float:
+    """Median time of one call, from replays of a CUDA graph that makes every call once."""
+    return replay_us(capture(calls), calls, reps=20) / 1e3
 
 
 def make_inputs(B: int, T: int, slots: int, gen: torch.Generator) -> dict:
@@ -215,45 +230,6 @@ def fp8_tile_sets(B: int, gen: torch.Generator) -> list[tuple]:
         v8, vs = quantize_kv_tiles(torch.randn(B, H, CROSS_T, D, device=DEV, dtype=torch.float16, generator=gen))
         sets.append((q, k8, v8, ks, vs, torch.empty_like(q)))
     return [sets[i % len(sets)] for i in range(1 if DRY else max(4, len(sets)))]
-
-
-def capture(calls: list):
-    """A CUDA graph making every call once (warm-up and compilation outside it); None in DRY."""
-    if DRY:
-        for call in calls:
-            call()
-        return None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def replay_us(graph, calls: list, reps: int = 10) -> float:
-    """Median µs of one call over `reps` replays of `graph` (DRY: the calls once, host time)."""
-    if DRY:
-        t0 = time.perf_counter()
-        for call in calls:
-            call()
-        return (time.perf_counter() - t0) * 1e6 / len(calls)
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
 
 
 def launch_text(launch: Launch) -> str:

@@ -28,10 +28,7 @@ OUT=${OUT:-/tmp/attn7_out}
 SWEEP_BATCHES=${SWEEP_BATCHES:-32,64,128,256}
 RERUN_BATCHES=${RERUN_BATCHES:-1,8,32,64,128,256}
 mkdir -p "$OUT" benchmarks/results
-left() { echo $(( BUDGET - (SECONDS - START) )); }
-cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
-  local l=$(( $(left) - $2 )); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
-}
+source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 BENCH_RESULTS_DIR=$PWD/benchmarks/results
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"

@@ -24,10 +24,7 @@
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-530}
-left() { echo $(( BUDGET - (SECONDS - START) )); }
-cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
-  local l=$(( $(left) - $2 )); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
-}
+source benchmarks/gpu_budget.sh
 source benchmarks/gpu_assemble.sh || exit 2
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"

@@ -19,10 +19,7 @@ START=$SECONDS
 BUDGET=${BUDGET_S:-320}
 OUT=${OUT:-/tmp/fp8s6_out}
 mkdir -p "$OUT" benchmarks/results
-left() { echo $(( BUDGET - (SECONDS - START) )); }
-cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
-  local l=$(( $(left) - $2 )); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
-}
+source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 BENCH_RESULTS_DIR=$PWD/benchmarks/results
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"

@@ -29,10 +29,7 @@
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-330}
-left() { echo $(( BUDGET - (SECONDS - START) )); }
-cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
-  local l=$(( $(left) - $2 )); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
-}
+source benchmarks/gpu_budget.sh
 source benchmarks/gpu_assemble.sh || exit 2
 DEVICE=${DEVICE:-cuda}
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>/dev/null

@@ -27,12 +27,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import decode_audio, environment, manifest, table, write_json  # noqa: E402
+from streamer.loadtest.client import LONG_UTTERANCE_S  # noqa: E402  (the served load reports the same split)
 
 RATE = 16000
 PARTIAL_EVERY_S = 0.5
 VAD_SILENCE_S = 0.5
 PAUSE_S = 1.0
-LONG_S = 8.0  # finals of utterances longer than this are reported apart: their decode is longest
 
 
 async def session(engine, sid: str, clips: list[np.ndarray], until: float, stats: dict, rng: random.Random,
@@ -132,14 +132,14 @@ def run(engine, n: int, seconds: float, clips: list[np.ndarray], use_cadence: bo
     asyncio.run(main())
     wall = time.monotonic() - t0
     finals = stats["final_s"]
-    long = [f for f, a in zip(finals, stats["final_audio_s"]) if a > LONG_S]
+    long = [f for f, a in zip(finals, stats["final_audio_s"]) if a > LONG_UTTERANCE_S]
     m = engine.metrics()
     steps = m["steps"] - steps0
     return {"sessions": n, "finals": len(finals),
             "final_p50": float(np.percentile(finals, 50)) if finals else None,
             "final_p95": float(np.percentile(finals, 95)) if finals else None,
             "final_audio_p95_s": float(np.percentile(stats["final_audio_s"], 95)) if finals else None,
-            f"final_p95_over_{LONG_S:g}s": float(np.percentile(long, 95)) if long else None,
+            f"final_p95_over_{LONG_UTTERANCE_S:g}s": float(np.percentile(long, 95)) if long else None,
             "partials_per_s": stats["partials"] / wall,
             "partials_cancelled": stats["partials_cancelled"] / stats["partials"] if stats["partials"] else None,
             "partials_refused": stats["partials_refused"],

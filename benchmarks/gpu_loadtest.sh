@@ -19,6 +19,8 @@
 #   tiny.en 400/600.
 # PLAN=ab: py-spy of the engine core at 400 tiny.en streams, then ENCODE_WHILE_FINALS=1 at 400 and 600
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
+# PLAN=s7a|s7c|s7d|s7e: session 7's steps (decode priority, pinned clips and a same-call A/B with session
+#   5's tree in .carry/s5tree, one CPU thread + encoder graphs, the release fix); docs/benchmarks.md.
 # Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
 # Back in $OUT: bench_streaming_<name>_h200.json per run, loadtest.log, py-spy stacks (PLAN=ab).
 set -uo pipefail
@@ -93,16 +95,6 @@ elif [ "${PLAN:-full}" = s7d ]; then  # session 7: + the model thread's CPU ops 
 elif [ "${PLAN:-full}" = s7e ]; then  # session 7: s7d's settings with the release fix, turbo to 400, tiny.en 400/600
   OVERLAP_ENCODER=1 run turbo_e 130 --model "$TURBO" --clients 200,300,400
   run tiny_e 90 --model tiny.en --clients 400,600
-elif [ "${PLAN:-full}" = s7b ]; then  # session 7: tiny.en old (session 5) and new gateway in one call, then past 600
-  old tiny_s5 90 --model tiny.en --clients 600
-  run tiny_s7 90 --model tiny.en --clients 600
-  OVERLAP_ENCODER=1 run tiny_s7_prio 200 --model tiny.en --clients 400,600,800,1000
-  t=$SECONDS
-  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 150 python3 bench_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
-    --audio "$INPUTS/clips.npz" --real tiny.en=$TINY --shapes large-v3 --batches 32,128 --hf-batches "" \
-    --precisions full_fp16,full_fp16+overlap --out bench_engine_overlap_s7_h200.json) 2>&1 \
-    | grep -v "seem to have been set" > "$OUT/bench_engine_overlap.log"
-  echo "== engine overlap A/B rc=${PIPESTATUS[0]} $((SECONDS - t)) s"; tail -30 "$OUT/bench_engine_overlap.log"
 elif [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, then the load at and past the target
   timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_fused.py tests/test_sdpa_paths.py \
     2>&1 | tail -3 | tee -a "$LOG"

@@ -41,13 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
+from baseline import SLOWER  # the guard's one threshold, as for bench_engine.py's rows
 from common import environment, manifest, table, wer, write_json
 from messy import messy_join
 
 from streamer.audio import SAMPLE_RATE
 
-SLOWER = 1.10
-"""A row is flagged when its audio seconds per second fall below the baseline's by more than this factor."""
 COLUMNS = ["model", "system", "uploads", "files", "audio_s", "wall_s", "audio_s_per_s", "vs_transformers",
            "wer_%", "latency_p50_s"]
 WARM_S = 60

@@ -19,6 +19,8 @@
 #   tiny.en 400/600.
 # PLAN=ab: py-spy of the engine core at 400 tiny.en streams, then ENCODE_WHILE_FINALS=1 at 400 and 600
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
+# PLAN=s8: session 8's check of the merged tree (CUDA tests, tiny.en 400-1000, turbo 200/400 overlapped,
+#   tiny.en 600 overlapped, mixed_fp8 turbo 200).
 # PLAN=s7a|s7c|s7d|s7e: session 7's steps (decode priority, pinned clips and a same-call A/B with session
 #   5's tree in .carry/s5tree, one CPU thread + encoder graphs, the release fix); docs/benchmarks.md.
 # Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
@@ -95,6 +97,13 @@ elif [ "${PLAN:-full}" = s7d ]; then  # session 7: + the model thread's CPU ops 
 elif [ "${PLAN:-full}" = s7e ]; then  # session 7: s7d's settings with the release fix, turbo to 400, tiny.en 400/600
   OVERLAP_ENCODER=1 run turbo_e 130 --model "$TURBO" --clients 200,300,400
   run tiny_e 90 --model tiny.en --clients 400,600
+elif [ "${PLAN:-full}" = s8 ]; then  # session 8: the merged tree (acoustic context on, protocols, _admit split)
+  timeout 130 python3 -m pytest -q -p no:cacheprovider -m "not slow" tests/test_engine.py tests/test_fused.py \
+    tests/test_sdpa_paths.py 2>&1 | tail -4 | tee -a "$LOG"
+  run tiny8 150 --model tiny.en --clients 400,600,800,1000
+  OVERLAP_ENCODER=1 run turbo8 110 --model "$TURBO" --clients 200,400
+  OVERLAP_ENCODER=1 run tiny8_ov 60 --model tiny.en --clients 600
+  OVERLAP_ENCODER=1 PRECISION=mixed_fp8 run turbo8_fp8 50 --model "$TURBO" --clients 200
 elif [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, then the load at and past the target
   timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_fused.py tests/test_sdpa_paths.py \
     2>&1 | tail -3 | tee -a "$LOG"

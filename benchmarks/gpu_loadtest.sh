@@ -21,6 +21,7 @@
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
 # PLAN=s8: session 8's check of the merged tree (CUDA tests, tiny.en 400-1000, turbo 200/400 overlapped,
 #   tiny.en 600 overlapped, mixed_fp8 turbo 200).
+# PLAN=s8b: the failures of s8's CUDA tests in full, tiny.en 600 without acoustic context, 1,000 alone, gpu_attn7.sh.
 # PLAN=s7a|s7c|s7d|s7e: session 7's steps (decode priority, pinned clips and a same-call A/B with session
 #   5's tree in .carry/s5tree, one CPU thread + encoder graphs, the release fix); docs/benchmarks.md.
 # Env: SECONDS_PER_CLIENT (15), WORKERS (default the server's), CLIENT_PROCS (4).
@@ -104,6 +105,14 @@ elif [ "${PLAN:-full}" = s8 ]; then  # session 8: the merged tree (acoustic cont
   OVERLAP_ENCODER=1 run turbo8 110 --model "$TURBO" --clients 200,400
   OVERLAP_ENCODER=1 run tiny8_ov 60 --model tiny.en --clients 600
   OVERLAP_ENCODER=1 PRECISION=mixed_fp8 run turbo8_fp8 50 --model "$TURBO" --clients 200
+elif [ "${PLAN:-full}" = s8b ]; then  # session 8: the CUDA failures of s8 in full, what acoustic context costs at
+  # tiny.en 600, tiny.en 1,000 alone (the bench stops raising N after a level with failures), then gpu_attn7.sh
+  timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_engine.py \
+    -k "speed_only_shape or second_stream_changes_no_token" > "$OUT/cuda_fail_s8.log" 2>&1
+  echo "== CUDA failures rc=$?"; grep -E "^E |Error|assert|passed|failed" "$OUT/cuda_fail_s8.log" | head -30
+  ACOUSTIC_CONTEXT=0 run tiny8_noctx 60 --model tiny.en --clients 600
+  run tiny8_1000 60 --model tiny.en --clients 1000
+  OUT="$OUT" BUDGET_S=$(( 560 - (SECONDS - START) )) bash benchmarks/gpu_attn7.sh
 elif [ "${PLAN:-full}" = check ]; then  # after an engine change: its CUDA tests, then the load at and past the target
   timeout 120 python3 -m pytest -q -x -m "not slow" tests/test_engine.py tests/test_fused.py tests/test_sdpa_paths.py \
     2>&1 | tail -3 | tee -a "$LOG"

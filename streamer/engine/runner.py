@@ -61,6 +61,9 @@ def attention_for(path: str):
 
 
 # Decoder batch sizes captured as CUDA graphs; a step runs in the smallest bucket that fits.
+CAPTURE_MODE = "thread_local"
+"""CUDA graph capture checks only the capturing thread's calls: an engine's captures must not fail
+because another thread (e.g. one freeing an old engine's graphs) makes a CUDA call meanwhile."""
 GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
@@ -418,7 +421,7 @@ class Runner:
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):  # one memory pool shared by every bucket
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):  # one pool for every bucket
                 tokens, logprobs, top = self._decode_rows(b, self.noise[:b])
         self.tokens_in.copy_(saved[0])
         self.positions.copy_(saved[1])
@@ -476,7 +479,7 @@ class Runner:
             graph = torch.cuda.CUDAGraph()
             if self.encoder_pool is None:  # one pool for every encoder graph: they never run at once
                 self.encoder_pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.encoder_pool, stream=stream):
+            with torch.cuda.graph(graph, pool=self.encoder_pool, stream=stream, capture_error_mode=CAPTURE_MODE):
                 out = self.model.encoder(static)
         return _EncoderGraph(graph, static, out)
 

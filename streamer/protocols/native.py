@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Union
 
+from streamer.audio.decode import pcm_dtype
 from streamer.config import StreamingConfig
 from streamer.protocols import validation as v
 from streamer.protocols.outputs import Close, Send
-from streamer.protocols.start import ENCODINGS, ModelInfo, ProtocolError, StartOptions, bad_field, parse_start
+from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, bad_field, parse_start
 from streamer.protocols.validation import ValidationError
 from streamer.streaming.live import Committed, Finalized, StreamEvent
 
@@ -164,7 +165,7 @@ class NativeProtocol:
         if self.state is not State.STREAMING:
             raise ProtocolError("not_started", "audio before start")
         start = self.start
-        frame_bytes = ENCODINGS[start.encoding] * start.channels
+        frame_bytes = pcm_dtype(start.encoding).itemsize * start.channels
         if not data or len(data) % frame_bytes:
             raise ProtocolError("bad_frame", f"a frame must be a non-empty whole number of {frame_bytes}-byte "
                                              f"sample frames, not {len(data)} bytes")

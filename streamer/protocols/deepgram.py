@@ -36,6 +36,8 @@ from streamer.streaming.live import Committed, Finalized, StreamEvent
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "mulaw", "alaw": "alaw"}
 """Deepgram's raw encodings -> ours."""
+DEFAULT_RATES = {"linear16": 16000, "mulaw": 8000, "alaw": 8000}
+"""`sample_rate` when a raw encoding comes without one: G.711 is telephone audio."""
 ENDPOINTING_MIN_MS = 100
 """Deepgram's `endpointing` default is 10 ms of silence; silero-vad needs more than one 32-ms frame
 to call speech over, so shorter values are raised to this."""
@@ -74,7 +76,8 @@ class ListenOptions:
 
     encoding: str | None = None
     """Ours (`pcm_s16le`, `mulaw`, `alaw`); None: a container file (POST only)."""
-    sample_rate: int = 16000
+    sample_rate: int = DEFAULT_RATES["linear16"]
+    """Of raw audio; not read for a container."""
     channels: int = 1
     multichannel: bool = False
     interim_results: bool = False
@@ -123,7 +126,7 @@ def parse_options(query: Mapping[str, list[str]], defaults: StreamingConfig, mul
         encoding = "linear16"  # live audio is raw: containers are not streamed here
     rate = _int(query, "sample_rate", 8000, 192000)
     if encoding is not None and rate is None:
-        rate = 8000 if encoding in ("mulaw", "alaw") else 16000
+        rate = DEFAULT_RATES[encoding]
     channels = _int(query, "channels", 1, 8) or 1
     language = _one(query, "language")
     if language is not None:
@@ -144,7 +147,8 @@ def parse_options(query: Mapping[str, list[str]], defaults: StreamingConfig, mul
         ms = _int(query, "endpointing", 0, 10000)
         streaming = replace(streaming, vad=replace(streaming.vad, min_silence_ms=max(ms, ENDPOINTING_MIN_MS)))
     return ListenOptions(
-        encoding=ENCODINGS[encoding] if encoding is not None else None, sample_rate=rate or 16000, channels=channels,
+        encoding=ENCODINGS[encoding] if encoding is not None else None, sample_rate=rate or ListenOptions.sample_rate,
+        channels=channels,
         multichannel=_bool(query, "multichannel", False), interim_results=streaming.partials,
         vad_events=_bool(query, "vad_events", False), utterance_end_ms=_int(query, "utterance_end_ms", 1000, 60000),
         utterances=_bool(query, "utterances", False), language=language, streaming=streaming)

@@ -11,9 +11,9 @@ import uuid
 import pytest
 
 from streamer.config import StreamingConfig
-from streamer.protocols.deepgram import (Audio, CloseStream, Finalize, ListenError, ListenOptions, ListenProtocol,
+from streamer.protocols.deepgram import (CloseStream, Finalize, ListenError, ListenOptions, ListenProtocol,
                                          dg_words, model_uuid, parse_options)
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Audio, Close, Send
 from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped
 from streamer.streaming.live import Committed, Finalized
 

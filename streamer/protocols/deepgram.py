@@ -30,7 +30,7 @@ import numpy as np
 
 from streamer.audio.decode import pcm_dtype
 from streamer.config import StreamingConfig
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Audio, Close, Send
 from streamer.streaming.events import Partial, SpeechStarted
 from streamer.streaming.live import Committed, Finalized, StreamEvent
 
@@ -202,13 +202,6 @@ def _now() -> str:
 
 
 # --- the live protocol -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Audio:
-    """Whole sample frames of the stream's encoding and channels, interleaved."""
-
-    data: bytes
-
 
 @dataclass(frozen=True)
 class Finalize:

@@ -2,7 +2,7 @@
 
 `NativeProtocol` is one `/v1/stream` connection: a client message in (`receive_text`,
 `receive_bytes`), a list out of messages for the client (`Send`), the connection's end (`Close`)
-and commands for the transport (`Start`, `Resume`, `Audio`, `Flush`, `Stop`). The transport
+and commands for the transport (`Start`, `Resume`, `Audio` (a validated frame), `Flush`, `Stop`). The transport
 carries the commands out (admission, the resume store, the bridges) and tells the protocol how
 they went (`started`, `resumed`, `fail`); at the end it asks for the last messages (`close`).
 `DataChannelProtocol` is the same protocol on WebRTC's `events` channel, whose stream the offer
@@ -23,7 +23,7 @@ from typing import Any, Union
 from streamer.audio.decode import pcm_dtype
 from streamer.config import StreamingConfig
 from streamer.protocols import validation as v
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Audio, Close, Send
 from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, bad_field, parse_start
 from streamer.protocols.validation import ValidationError
 from streamer.streaming.live import Committed, Finalized, StreamEvent
@@ -52,13 +52,6 @@ class Resume:
     find the session, check it with its `SessionLog`, then call `resumed`."""
 
     fields: dict
-
-
-@dataclass(frozen=True)
-class Audio:
-    """A valid binary frame: whole sample frames of the stream's encoding and channels."""
-
-    data: bytes
 
 
 @dataclass(frozen=True)

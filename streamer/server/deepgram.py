@@ -29,12 +29,12 @@ from streamer.engine.errors import EngineClosed
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import transcribe_long
-from streamer.protocols.deepgram import (Audio, CloseStream, Finalize, ListenError, ListenOptions, ListenProtocol,
+from streamer.protocols.deepgram import (CloseStream, Finalize, ListenError, ListenOptions, ListenProtocol,
                                          Output, file_response, parse_options)
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Audio, Close, Send
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -102,10 +102,7 @@ class DeepgramStream(SocketStream):
             message = await self._next_message()
             if isinstance(message, str):
                 return message
-            data = message.get("bytes")
-            outputs = self._protocol.receive_bytes(data) if data is not None \
-                else self._protocol.receive_text(message.get("text") or "")
-            if self._carry_out(outputs):
+            if self._carry_out(to_protocol(self._protocol, message)):
                 return "stop"
 
     def _carry_out(self, outputs: list[Output]) -> bool:

@@ -38,7 +38,7 @@ from streamer.server.auth import authorized, presented_key
 from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.relay import Peers, pipe, relayed
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -164,10 +164,7 @@ class TwilioStream(SocketStream):
             message = await self._next_message()
             if isinstance(message, str):
                 return message
-            text = message.get("text")
-            outputs = self._protocol.receive_text(text) if text is not None \
-                else self._protocol.receive_bytes(message.get("bytes") or b"")
-            end = self._carry_out(outputs)
+            end = self._carry_out(to_protocol(self._protocol, message))
             if end is not None:
                 return end
 

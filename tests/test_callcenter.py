@@ -465,14 +465,14 @@ def test_resume_store_binds_tokens_to_key_and_time():
         store = ResumeStore(worker=3, resume_s=0.05)
         token = store.register("live", "key-a")
         assert token.startswith("3.")
-        with pytest.raises(ResumeError):
+        with pytest.raises(ResumeError, match="belongs to another API key"):
             store.claim(token, "key-b")
         assert store.claim(token, "key-a") == "live"
         expired = []
         store.park(token, lambda: expired.append(True))
         await asyncio.sleep(0.1)
         assert expired == [True]
-        with pytest.raises(ResumeError):
+        with pytest.raises(ResumeError, match="unknown or expired resume token"):
             store.claim(token, "key-a")
         with pytest.raises(ResumeError) as e:
             store.claim("5." + token[2:], "key-a")

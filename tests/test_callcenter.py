@@ -386,6 +386,40 @@ def test_deepgram_errors_in_its_shape(base):
     asyncio.run(run())
 
 
+def test_audio_keeps_deepgram_and_twilio_streams_past_the_first_audio_timeout(engine):
+    """`first_audio_timeout_s` ends a connection that sends no audio; Deepgram's and Twilio's
+    streams that do send it, paced over three times that timeout, run to their own end."""
+    settings = load_settings({}, server={"api_key": KEY, "first_audio_timeout_s": 0.5})
+    silence = g711.encode(np.zeros(800), "mulaw")  # 0.1 s at 8 kHz
+    sid = "MZ" + "4" * 32
+
+    async def run(ws_base: str) -> tuple[dict, list[dict]]:
+        token = {"Authorization": f"Token {KEY}"}
+        async with websockets.connect(ws_base + "/v1/listen?encoding=mulaw&sample_rate=8000",
+                                      additional_headers=token) as ws:
+            for _ in range(15):
+                await ws.send(silence)
+                await asyncio.sleep(0.1)
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            metadata = json.loads(await ws.recv())
+        async with websockets.connect(f"{ws_base}/v1/twilio/events?streamSid={sid}", additional_headers=AUTH) as sub:
+            await sub.recv()  # subscribed
+            async with websockets.connect(ws_base + "/v1/twilio") as twilio:
+                messages = twilio_messages(silence * 15, b"", sid, "CA" + "5" * 32)
+                for m in messages:
+                    await twilio.send(json.dumps(m))
+                    if m["event"] == "media" and m["media"]["chunk"].endswith("0"):  # 0.2 s of audio
+                        await asyncio.sleep(0.2)
+                events = [json.loads(m) async for m in sub]
+        return metadata, events
+
+    with running(create_app(settings, engine)) as url:
+        metadata, events = asyncio.run(run(url.replace("http://", "ws://")))
+    assert metadata["type"] == "Metadata" and metadata["duration"] == pytest.approx(1.5), metadata
+    assert events[-1] == {"type": "closed", "reason": "stop"}, events[-3:]
+    assert any(e["type"] == "dtmf" and e["t"] == pytest.approx(1.5) for e in events), events
+
+
 # --- session resume --------------------------------------------------------------------------------------
 
 def test_resume_after_cut_connections(ws_base, prompts):
@@ -431,14 +465,14 @@ def test_resume_store_binds_tokens_to_key_and_time():
         store = ResumeStore(worker=3, resume_s=0.05)
         token = store.register("live", "key-a")
         assert token.startswith("3.")
-        with pytest.raises(ResumeError):
+        with pytest.raises(ResumeError, match="belongs to another API key"):
             store.claim(token, "key-b")
         assert store.claim(token, "key-a") == "live"
         expired = []
         store.park(token, lambda: expired.append(True))
         await asyncio.sleep(0.1)
         assert expired == [True]
-        with pytest.raises(ResumeError):
+        with pytest.raises(ResumeError, match="unknown or expired resume token"):
             store.claim(token, "key-a")
         with pytest.raises(ResumeError) as e:
             store.claim("5." + token[2:], "key-a")

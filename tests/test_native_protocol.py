@@ -7,9 +7,9 @@ import json
 import pytest
 
 from streamer.config import StreamingConfig
-from streamer.protocols.native import (TRACK_RATE, Audio, DataChannelProtocol, DecodeFailed, Flush, NativeProtocol,
+from streamer.protocols.native import (TRACK_RATE, DataChannelProtocol, DecodeFailed, Flush, NativeProtocol,
                                        Resume, SessionLog, Start, State, Stop, session_message)
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Audio, Close, Send
 from streamer.protocols.start import ModelInfo, StartOptions, parse_start
 from streamer.streaming.events import Final, Partial, SpeechStarted
 from streamer.streaming.live import Committed, Finalized

@@ -33,7 +33,7 @@ def test_fixed_shape_paths_put_cudnn_first_and_variable_ones_exclude_it():
         assert CUDNN not in sdpa_backends(path), path
         assert SDPBackend.FLASH_ATTENTION in sdpa_backends(path)
     assert CUDNN not in SDPA_BACKENDS  # engine.py's Engine.call
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="decode"):  # no such path
         sdpa_backends("decode")
 
 

@@ -186,7 +186,7 @@ def test_stale_partials_are_dropped_and_final_replaces_them(vad, jfk):
     assert out.start == pytest.approx(final.start + 0.3) and out.end == pytest.approx(final.start + 2.0)
     expected = {"word": " Americans,", "start": pytest.approx(final.start + 1.4), "end": pytest.approx(final.start + 2.0), "probability": 0.9}
     assert out.words[1] == expected
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no final window .* in flight"):
         session.on_result(final.window_id, result)  # delivered once
 
 

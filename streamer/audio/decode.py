@@ -26,7 +26,7 @@ BATCH_SECONDS = 1.0
 frame costs about as much as the decoding itself (6-min Opus file: decoding alone 0.43 s,
 resampling each frame 0.91 s in all, batched 0.61 s)."""
 
-_PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw": np.dtype("u1"),
+PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw": np.dtype("u1"),
                "alaw": np.dtype("u1")}
 """Raw encodings a live stream may send, as the numpy types of one sample (G.711: one byte)."""
 
@@ -102,7 +102,7 @@ def decode_audio(
 def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
     """Little-endian PCM (`pcm_s16le`, `pcm_f32le`) or G.711 (`mulaw`, `alaw`) to float32 in
     [-1, 1], interleaved as given."""
-    dtype = _pcm_dtype(encoding)
+    dtype = pcm_dtype(encoding)
     if len(data) % dtype.itemsize:
         raise ValueError(f"{len(data)} bytes of {encoding} is not a whole number of {dtype.itemsize}-byte samples")
     if encoding in g711.ENCODINGS:
@@ -129,7 +129,7 @@ class StreamResampler:
         self.rate = rate
         self.channels = channels
         self.encoding = encoding
-        self._frame_bytes = _pcm_dtype(encoding).itemsize * channels
+        self._frame_bytes = pcm_dtype(encoding).itemsize * channels
         self._pending = b""  # bytes of an incomplete sample frame at the end of the last chunk
         # Made at the first chunk and dropped at flush()/close(): a libswresample graph runs a
         # thread per core until it is freed, and a stream object may wait for the cyclic
@@ -320,10 +320,11 @@ def _declared_duration(container: av.container.InputContainer, stream: av.audio.
     return None
 
 
-def _pcm_dtype(encoding: str) -> np.dtype:
-    if encoding not in _PCM_DTYPES:
-        raise ValueError(f"PCM encoding {encoding!r} is not one of {', '.join(_PCM_DTYPES)}")
-    return _PCM_DTYPES[encoding]
+def pcm_dtype(encoding: str) -> np.dtype:
+    """The numpy type of one sample of a raw encoding; ValueError for another encoding."""
+    if encoding not in PCM_DTYPES:
+        raise ValueError(f"PCM encoding {encoding!r} is not one of {', '.join(PCM_DTYPES)}")
+    return PCM_DTYPES[encoding]
 
 
 def _size(n: int) -> str:

@@ -341,7 +341,7 @@ def speech_segments(audio: np.ndarray, config: VADConfig, vad: SileroVAD | None 
 
     Same cutting as a live stream; utterances are at most `config.max_utterance_s` long.
     """
-    vad = vad or SileroVAD()
+    vad = vad or SileroVAD.shared()
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
     # Like the package, score the last partial frame padded with zeros.
     padded = np.concatenate([audio, np.zeros(-len(audio) % FRAME, np.float32)])

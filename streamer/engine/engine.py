@@ -157,9 +157,11 @@ class Engine:
                 o = dataclasses.replace(o, temperatures=(0.0,))
                 scheduler.add(Request(id=f"warmup{i}.{j}", audio=silence, options=o, initial=self._initial(o),
                                       priority=Priority.FILE, deadline=0.0, arrival=0.0))
+            plan = None
             for k in range(WARMUP_MAX_STEPS + 2):
                 if k == WARMUP_MAX_STEPS:  # silence usually ends at once; whatever is left goes
-                    for request_id in [s.id for s in self.runner.slots]:
+                    # (the scheduler's live set is within the last plan: it is the source of truth)
+                    for request_id in plan.decode + plan.encoding + [r.id for r in plan.encode]:
                         scheduler.cancel(request_id)
                 plan = scheduler.schedule(0.0)
                 if plan.empty:

@@ -10,6 +10,8 @@ tasks, the engine and the bridges, and carry out what a protocol answers.
   channel), `SessionLog` (event ids and replay for a resume), `session_message`.
 - `realtime_session.py`: a Realtime session's configuration (`session.update` in both shapes).
 - `realtime.py`: `RealtimeProtocol` (`/v1/realtime`): items, their ordering and segmentations.
+- `deepgram.py`: `ListenProtocol` (`WS /v1/listen`), its query parameters, the pre-recorded response.
+- `twilio.py`: `TwilioProtocol` (`WS /v1/twilio`): Twilio's messages, the call's subscribers' messages.
 
 Imports: `server -> protocols -> streaming`; nothing here imports `server`.
 """

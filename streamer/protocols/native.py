@@ -2,7 +2,7 @@
 
 `NativeProtocol` is one `/v1/stream` connection: a client message in (`receive_text`,
 `receive_bytes`), a list out of messages for the client (`Send`), the connection's end (`Close`)
-and commands for the transport (`Start`, `Resume`, `Audio`, `Flush`, `Stop`). The transport
+and commands for the transport (`Start`, `Resume`, `Audio` (a validated frame), `Flush`, `Stop`). The transport
 carries the commands out (admission, the resume store, the bridges) and tells the protocol how
 they went (`started`, `resumed`, `fail`); at the end it asks for the last messages (`close`).
 `DataChannelProtocol` is the same protocol on WebRTC's `events` channel, whose stream the offer
@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Union
 
+from streamer.audio.decode import pcm_dtype
 from streamer.config import StreamingConfig
 from streamer.protocols import validation as v
-from streamer.protocols.outputs import Close, Send
-from streamer.protocols.start import ENCODINGS, ModelInfo, ProtocolError, StartOptions, bad_field, parse_start
+from streamer.protocols.outputs import Audio, Close, Send
+from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, bad_field, parse_start
 from streamer.protocols.validation import ValidationError
 from streamer.streaming.live import Committed, Finalized, StreamEvent
 
@@ -51,13 +52,6 @@ class Resume:
     find the session, check it with its `SessionLog`, then call `resumed`."""
 
     fields: dict
-
-
-@dataclass(frozen=True)
-class Audio:
-    """A valid binary frame: whole sample frames of the stream's encoding and channels."""
-
-    data: bytes
 
 
 @dataclass(frozen=True)
@@ -164,7 +158,7 @@ class NativeProtocol:
         if self.state is not State.STREAMING:
             raise ProtocolError("not_started", "audio before start")
         start = self.start
-        frame_bytes = ENCODINGS[start.encoding] * start.channels
+        frame_bytes = pcm_dtype(start.encoding).itemsize * start.channels
         if not data or len(data) % frame_bytes:
             raise ProtocolError("bad_frame", f"a frame must be a non-empty whole number of {frame_bytes}-byte "
                                              f"sample frames, not {len(data)} bytes")

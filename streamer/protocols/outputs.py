@@ -1,5 +1,5 @@
 """What every protocol answers besides its own commands: a message for the client, and the end
-of the connection."""
+of the connection; and the one command of the protocols that take raw audio on the socket."""
 
 from __future__ import annotations
 
@@ -18,3 +18,11 @@ class Close:
     """Close the connection with `code` once what was sent has left; read nothing more."""
 
     code: int
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Raw audio for the stream's `ChannelStreams`: whole sample frames of its encoding and
+    channels, interleaved (`/v1/stream`, Deepgram's `/v1/listen`)."""
+
+    data: bytes

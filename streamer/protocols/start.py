@@ -8,12 +8,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from streamer.audio.decode import PCM_DTYPES
 from streamer.config import StreamingConfig, VADConfig
 from streamer.protocols import validation as v
 from streamer.protocols.validation import ValidationError, show
-
-ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
-"""Encoding -> bytes per sample."""
 
 MAX_ERROR_CHARS = 300
 """Longest `message` (and `field`) of an error event."""
@@ -108,7 +106,7 @@ def parse_start(msg: dict, defaults: StreamingConfig, multilingual: bool, known_
         if "sample_rate" in msg:
             rate = _checked(v.integer, msg["sample_rate"], "sample_rate", 8000, 192000)
         if "encoding" in msg:
-            encoding = _checked(v.choice, msg["encoding"], "encoding", ENCODINGS)
+            encoding = _checked(v.choice, msg["encoding"], "encoding", PCM_DTYPES)
         if "channels" in msg:
             channels = _checked(v.integer, msg["channels"], "channels", 1, 8)
     changes: dict[str, Any] = {}

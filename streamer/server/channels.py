@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from streamer.audio.decode import StreamResampler, _pcm_dtype
+from streamer.audio.decode import StreamResampler, pcm_dtype
 from streamer.server.bridge import Bridge
 
 MakeBridge = Callable[[int | None], Bridge]
@@ -29,7 +29,7 @@ class ChannelStreams:
         self.channels = channels
         self.encoding = encoding
         self.multichannel = multichannel and channels > 1
-        self.sample_bytes = _pcm_dtype(encoding).itemsize
+        self.sample_bytes = pcm_dtype(encoding).itemsize
         if self.multichannel:
             self._resamplers = [StreamResampler(rate, 1, encoding) for _ in range(channels)]
             self.bridges = [make_bridge(c) for c in range(channels)]

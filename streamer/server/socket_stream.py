@@ -158,6 +158,13 @@ class Outbox:
                 return
 
 
+def to_protocol(protocol, message: dict) -> list:
+    """A WebSocket message handed to a sans-I/O protocol (`streamer/protocols/`): binary to its
+    `receive_bytes`, text to its `receive_text`; returns its answer."""
+    data = message.get("bytes")
+    return protocol.receive_bytes(data) if data is not None else protocol.receive_text(message.get("text") or "")
+
+
 class SocketStream:
     """One live stream on one WebSocket; registered with the server state while it is served."""
 

@@ -23,16 +23,16 @@ import secrets
 
 from starlette.websockets import WebSocket
 
-from streamer.protocols.native import (Audio, DecodeFailed, Flush, NativeProtocol, Output, Resume, SessionLog, Start,
+from streamer.protocols.native import (DecodeFailed, Flush, NativeProtocol, Output, Resume, SessionLog, Start,
                                        Stop, session_message)
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Audio, Close, Send
 from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions
 from streamer.server.auth import presented_key
 from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.relay import Peers, pipe, relayed
 from streamer.server.resume import ResumeError
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, SHUTDOWN_FLUSH_S, SocketStream
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, SHUTDOWN_FLUSH_S, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -186,11 +186,8 @@ class NativeStream(SocketStream):
                 return "resumed"
             if isinstance(message, str):
                 return message
-            text, data = message.get("text"), message.get("bytes")
             try:
-                outputs = self.protocol.receive_bytes(data) if data is not None \
-                    else self.protocol.receive_text(text or "")
-                end = self._carry_out(outputs)
+                end = self._carry_out(to_protocol(self.protocol, message))
             except _RelayTo as e:
                 upstream = await Peers.of(self.state.settings.server).connect(
                     e.worker, "/v1/stream", presented_key(self.ws.scope))

@@ -8,8 +8,10 @@ Twilio is audio to play), so transcripts leave on a second socket: a subscriber 
 and finals (`ChannelStreams`, multichannel). A subscriber may connect before the stream starts;
 it first gets every event of the call so far.
 
-`TwilioProtocol` turns Twilio's JSON into actions with no I/O; `TwilioStream` is the transport,
-`TwilioHub` (in `ServerState.twilio`) joins streams and subscribers.
+Twilio's messages and the subscribers' are `protocols/twilio.py`'s `TwilioProtocol`; here are the
+transports: `TwilioStream` (Twilio's socket: hands each message to the protocol and carries out
+its answer), the subscriber endpoint, and `TwilioHub` (in `ServerState.twilio`), which joins
+streams and subscribers.
 
 With several gateway workers the kernel may give the subscriber to another worker than Twilio's
 socket. The worker holding a call writes its `streamSid` and `callSid` down in the run directory
@@ -21,10 +23,7 @@ at once when the call has started, else as soon as it does (a waiting subscriber
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hmac
-import json
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -33,21 +32,18 @@ from urllib.parse import quote
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from streamer.protocols.native import event_dict
+from streamer.protocols.outputs import Close, Send
+from streamer.protocols.twilio import RATE, TRACKS, Media, Output, Start, Stop, TwilioProtocol
 from streamer.server.auth import authorized, presented_key
-from streamer.server.bridge import Bridge, Finalized, StreamEvent
+from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.relay import Peers, pipe, relayed
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream
+from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
 
-TRACKS = {"inbound": 0, "outbound": 1}
-"""Twilio track -> channel. `dtmf` names tracks `inbound_track`/`outbound_track`."""
-RATE = 8000
-"""Twilio streams μ-law at 8 kHz, one channel per track."""
 FEED_KEEP_S = 60.0
 """A finished call's events stay this long for subscribers that connect late."""
 OWNER_POLL_S = 0.25
@@ -55,114 +51,6 @@ OWNER_POLL_S = 0.25
 first events reach it this much later at most (it gets the call's history on joining)."""
 OWNER_KIND = "twilio"
 """The kind of name `Peers` keeps for a call."""
-
-
-class TwilioError(Exception):
-    """A Twilio message this server cannot use: `code` as on the subscriber socket."""
-
-    def __init__(self, code: str, message: str, fatal: bool = False):
-        super().__init__(message)
-        self.code, self.message, self.fatal = code, message, fatal
-
-    def event(self) -> dict:
-        return {"type": "error", "code": self.code, "message": self.message}
-
-
-@dataclass(frozen=True)
-class Start:
-    stream_sid: str
-    call_sid: str | None
-    account_sid: str | None
-    tracks: list[str]
-    custom_parameters: dict
-    media_format: dict
-
-
-@dataclass(frozen=True)
-class Media:
-    channel: int
-    track: str
-    audio: bytes
-
-
-@dataclass(frozen=True)
-class Note:
-    """`dtmf` or `mark`: passed on to subscribers."""
-
-    message: dict
-
-
-@dataclass(frozen=True)
-class Stop:
-    pass
-
-
-class TwilioProtocol:
-    """Twilio's messages in, actions out: `Start`, `Media`, `Note`, `Stop` (or TwilioError)."""
-
-    def __init__(self) -> None:
-        self.started: Start | None = None
-        self.stopped = False
-
-    def receive(self, text: str) -> Start | Media | Note | Stop | None:
-        try:
-            msg = json.loads(text)
-        except ValueError:
-            raise TwilioError("bad_json", "a Twilio message must be JSON") from None
-        if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-            raise TwilioError("unknown_event", "a Twilio message needs a string `event`")
-        kind = msg["event"]
-        if kind == "connected":
-            return None
-        if kind == "start":
-            return self._start(msg)
-        if self.started is None:
-            raise TwilioError("not_started", f"`{kind}` before `start`")
-        if kind == "media":
-            media = msg.get("media")
-            if not isinstance(media, dict) or not isinstance(media.get("payload"), str):
-                raise TwilioError("bad_media", "`media.payload` must be base64 μ-law")
-            track = media.get("track", "inbound")
-            if track not in TRACKS:
-                raise TwilioError("bad_media", f"unknown track {track!r} (inbound, outbound)")
-            try:
-                audio = base64.b64decode(media["payload"], validate=True)
-            except (binascii.Error, ValueError):
-                raise TwilioError("bad_media", "`media.payload` is not valid base64") from None
-            return Media(TRACKS[track], track, audio)
-        if kind == "dtmf":
-            dtmf = msg.get("dtmf") if isinstance(msg.get("dtmf"), dict) else {}
-            return Note({"type": "dtmf", "digit": dtmf.get("digit"), "track": dtmf.get("track")})
-        if kind == "mark":
-            mark = msg.get("mark") if isinstance(msg.get("mark"), dict) else {}
-            return Note({"type": "mark", "name": mark.get("name")})
-        if kind == "stop":
-            self.stopped = True
-            return Stop()
-        raise TwilioError("unknown_event", f"unknown Twilio event {kind!r}")
-
-    def _start(self, msg: dict) -> Start:
-        if self.started is not None:
-            raise TwilioError("already_started", "a second `start`")
-        start = msg.get("start")
-        if not isinstance(start, dict):
-            raise TwilioError("bad_start", "`start` must be an object", fatal=True)
-        sid = start.get("streamSid") or msg.get("streamSid")
-        if not isinstance(sid, str) or not sid:
-            raise TwilioError("bad_start", "`start.streamSid` is missing", fatal=True)
-        tracks = start.get("tracks") or ["inbound"]
-        if not isinstance(tracks, list) or not tracks or any(t not in TRACKS for t in tracks):
-            raise TwilioError("bad_start", f"`start.tracks` must list inbound and/or outbound, not {tracks!r}",
-                              fatal=True)
-        fmt = start.get("mediaFormat") or {}
-        encoding, rate, channels = fmt.get("encoding", "audio/x-mulaw"), fmt.get("sampleRate", RATE), \
-            fmt.get("channels", 1)
-        if (encoding, rate, channels) != ("audio/x-mulaw", RATE, 1):
-            raise TwilioError("bad_start", f"mediaFormat must be audio/x-mulaw, 8000 Hz, 1 channel, not "
-                                           f"{encoding}, {rate}, {channels}", fatal=True)
-        params = start.get("customParameters") if isinstance(start.get("customParameters"), dict) else {}
-        self.started = Start(sid, start.get("callSid"), start.get("accountSid"), list(tracks), params, fmt)
-        return self.started
 
 
 @dataclass
@@ -236,11 +124,10 @@ class TwilioStream(SocketStream):
 
     def __init__(self, ws: WebSocket, state: ServerState):
         super().__init__(ws, state, secrets.token_hex(8))
-        self._protocol = TwilioProtocol()
+        self._protocol = TwilioProtocol(state.settings.server.max_message_bytes)
         self._channels: ChannelStreams | None = None
         self._feed: Feed | None = None
         self._keys: list[str] = []
-        self._start: Start | None = None
 
     def _authorized(self) -> bool:
         return True  # Twilio sends no headers of ours: the key comes as a <Parameter> in `start`
@@ -249,6 +136,7 @@ class TwilioStream(SocketStream):
         self._outbox.close(close_code)
 
     def _publish(self, message: dict) -> None:
+        """A message for the call's subscribers (none before the call's `start`)."""
         if message.get("type") == "error":
             self.state.metrics.errors.labels(message["code"]).inc()
         if self._feed is not None:
@@ -261,68 +149,62 @@ class TwilioStream(SocketStream):
         if self._channels is not None:
             # The call's audio is complete even when Twilio just closed the socket: finish it.
             await self._channels.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+        if reason == "disconnect":
+            self._outbox.abandon()
+        self._carry_out(self._protocol.close(reason))
         if self._feed is not None:
-            self._publish({"type": "closed", "reason": "stop" if reason in ("stop", "disconnect") else reason})
             self._feed.end()
             feed, keys = self._feed, self._keys
             asyncio.get_running_loop().call_later(FEED_KEEP_S, hub(self.state).forget, keys, feed)
-        if reason == "disconnect":
-            self._outbox.abandon()
-        else:
-            self._outbox.close({"shutdown": 1001, "error": 1008}.get(reason, 1000))
 
     async def _receive_loop(self) -> str:
-        limit = self.state.settings.server.max_message_bytes
+        """Hand Twilio's messages to the protocol until the stream ends; returns why: stop,
+        error, idle_timeout, no_audio or disconnect."""
         while True:
             message = await self._next_message()
             if isinstance(message, str):
                 return message
-            text = message.get("text")
-            if text is None or len(text) > limit:
-                self._publish(TwilioError("bad_message", "Twilio sends JSON text messages under the size limit")
-                              .event())
-                continue
-            try:
-                action = self._protocol.receive(text)
-            except TwilioError as e:
-                self._publish(e.event())
-                if e.fatal:
+            end = self._carry_out(to_protocol(self._protocol, message))
+            if end is not None:
+                return end
+
+    def _carry_out(self, outputs: list[Output]) -> str | None:
+        """Do what the protocol answered; returns why the stream ends (`stop`, or `error`), else None."""
+        for out in outputs:
+            if isinstance(out, Send):
+                self._publish(out.message)
+            elif isinstance(out, Close):
+                self._outbox.close(out.code)  # after an `abandon` (Twilio hung up), nothing is sent
+                return "error"
+            elif isinstance(out, Media):
+                self.audio_seen = True
+                if out.audio:
+                    self._channels.push_channel(out.channel, out.audio)
+            elif isinstance(out, Start):
+                if not self._on_start(out):
                     return "error"
-                continue
-            if isinstance(action, Start):
-                if not self._on_start(action):
-                    return "error"
-            elif isinstance(action, Media):
-                if action.audio:
-                    self._channels.push_channel(action.channel, action.audio)
-            elif isinstance(action, Note):
-                self._publish({**action.message, "t": round(self._channels.stream_time, 3)})
-            elif isinstance(action, Stop):
+                self._carry_out(self._protocol.started(self.state.engine.model_name))
+            elif isinstance(out, Stop):
                 return "stop"
+        return None
 
     def _on_start(self, start: Start) -> bool:
+        """The key check (Twilio's `<Parameter name="api_key">`, or the connection's own), the
+        call's feed and its tracks' bridges; False when refused."""
         key = self.state.settings.server.api_key
         given = start.custom_parameters.get("api_key")
         if key and not authorized(self.ws.scope, key) and not (
                 isinstance(given, str) and hmac.compare_digest(given.encode(), key.encode())):
             log.warning("twilio %s: refused (no or wrong api_key parameter)", start.stream_sid)
             return False
-        self._start = start
         self._keys = [k for k in (start.stream_sid, start.call_sid) if k]
         self._feed = hub(self.state).join(self._keys)
         streaming = self.state.settings.streaming
         language = streaming.language if self.state.engine.tokenizer.multilingual else "en"
 
         def make_bridge(channel: int | None) -> Bridge:
-            track = next(t for t, c in TRACKS.items() if c == channel)
-
             def emit(event: StreamEvent) -> None:
-                if isinstance(event, Finalized) and event.error is not None:
-                    self._publish({"type": "error", "code": "internal", "message": event.error, "channel": channel})
-                    return
-                message = event_dict(event)
-                if message is not None:
-                    self._publish({**message, "channel": channel, "track": track})
+                self._carry_out(self._protocol.on_event(event, channel))
 
             return Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics, emit,
                           session_id=self.session_id, language=language, task=streaming.task,
@@ -330,9 +212,6 @@ class TwilioStream(SocketStream):
 
         self._channels = ChannelStreams(rate=RATE, channels=len(TRACKS), encoding="mulaw", multichannel=True,
                                         make_bridge=make_bridge)
-        params = {k: v for k, v in start.custom_parameters.items() if k != "api_key"}
-        self._publish({"type": "start", "streamSid": start.stream_sid, "callSid": start.call_sid,
-                       "tracks": start.tracks, "customParameters": params, "model": self.state.engine.model_name})
         return True
 
 

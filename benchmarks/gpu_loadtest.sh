@@ -21,6 +21,7 @@
 #   (tiny.en) and 200 (turbo shape): the share of other windows admitted per step while finals decode.
 # PLAN=s8: session 8's check of the merged tree (CUDA tests, tiny.en 400-1000, turbo 200/400 overlapped,
 #   tiny.en 600 overlapped, mixed_fp8 turbo 200).
+# PLAN=s9: (next session) CUDA engine tests in one process, then tiny.en 600 x2 with and without acoustic context.
 # PLAN=s8b: the failures of s8's CUDA tests in full, tiny.en 600 without acoustic context, 1,000 alone, gpu_attn7.sh.
 # PLAN=s7a|s7c|s7d|s7e: session 7's steps (decode priority, pinned clips and a same-call A/B with session
 #   5's tree in .carry/s5tree, one CPU thread + encoder graphs, the release fix); docs/benchmarks.md.
@@ -105,6 +106,16 @@ elif [ "${PLAN:-full}" = s8 ]; then  # session 8: the merged tree (acoustic cont
   OVERLAP_ENCODER=1 run turbo8 110 --model "$TURBO" --clients 200,400
   OVERLAP_ENCODER=1 run tiny8_ov 60 --model tiny.en --clients 600
   OVERLAP_ENCODER=1 PRECISION=mixed_fp8 run turbo8_fp8 50 --model "$TURBO" --clients 200
+elif [ "${PLAN:-full}" = s9 ]; then  # next: the thread_local captures' CUDA tests in one process (they failed in
+  # session 8 when run after other tests), then 600 tiny.en twice per acoustic-context setting, alternated
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m "not slow" --tb=short tests/test_engine.py tests/test_sdpa_paths.py \
+    tests/test_fused.py --deselect tests/test_engine.py::test_batched_equals_unbatched_across_lengths_languages_prompts \
+    > "$OUT/cuda_tests_s9.log" 2>&1
+  echo "== CUDA tests rc=$?: $(tail -1 "$OUT/cuda_tests_s9.log")"; grep -E "^(FAILED|ERROR)" "$OUT/cuda_tests_s9.log" | head
+  for i in 1 2; do
+    run tiny9_ctx$i 60 --model tiny.en --clients 600
+    ACOUSTIC_CONTEXT=0 run tiny9_noctx$i 60 --model tiny.en --clients 600
+  done
 elif [ "${PLAN:-full}" = s8b ]; then  # session 8: the CUDA failures of s8 in full, what acoustic context costs at
   # tiny.en 600, tiny.en 1,000 alone (the bench stops raising N after a level with failures), then gpu_attn7.sh
   timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_engine.py \

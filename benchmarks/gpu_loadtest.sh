@@ -116,6 +116,7 @@ elif [ "${PLAN:-full}" = s9 ]; then  # next: the thread_local captures' CUDA tes
     run tiny9_ctx$i 60 --model tiny.en --clients 600
     ACOUSTIC_CONTEXT=0 run tiny9_noctx$i 60 --model tiny.en --clients 600
   done
+  run tiny9_800 80 --model tiny.en --clients 800 --profile-at 800  # py-spy of the core and one gateway at 800
 elif [ "${PLAN:-full}" = s8b ]; then  # session 8: the CUDA failures of s8 in full, what acoustic context costs at
   # tiny.en 600, tiny.en 1,000 alone (the bench stops raising N after a level with failures), then gpu_attn7.sh
   timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_engine.py \

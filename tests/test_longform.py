@@ -23,7 +23,7 @@ from streamer.longform import Transcript, TranscriptSegment, transcribe_long
 from streamer.longform.accurate import complete_segments, cut_at_skipped_speech, echoes, segment_pieces
 from streamer.longform.fast import plan_windows
 from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
-from streamer.longform.speech import left_out, speech_seconds
+from streamer.longform.speech import PADDING_SAMPLES, left_out, next_stretch, speech_seconds
 from streamer.longform.transcript import Window
 from streamer.model.weights import load_model
 from streamer.types import Word
@@ -122,6 +122,16 @@ def test_left_out_speech_is_found_after_the_last_segment():
     assert left_out([(11 * s, 24 * s + s // 4)], window) is None  # padding after the last words
     assert left_out([(11 * s, 24 * s), (25 * s, 29 * s)], window) == 24 * s  # a sentence the model skipped
     assert left_out([(11 * s, 29 * s)], Window(start=10 * s, length=20 * s)) is None  # nothing decoded
+
+
+def test_the_next_window_opens_on_speech_not_on_a_stretch_end_padding():
+    s = SAMPLE_RATE
+    speech = [(0, 13 * s), (24 * s, 30 * s)]
+    assert next_stretch(speech, 0, 5 * s) == 0  # inside the first stretch's speech
+    assert next_stretch(speech, 0, 13 * s - PADDING_SAMPLES - 1) == 0
+    # 8 ms before its end only padding is left (the 11-s pause would open the window): the next one
+    assert next_stretch(speech, 0, 13 * s - s // 125) == 1
+    assert next_stretch(speech, 0, 30 * s) == 2
 
 
 # --- formats ---------------------------------------------------------------------------------------------

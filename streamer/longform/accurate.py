@@ -25,7 +25,7 @@ import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window
-from streamer.longform.speech import UNHEARD_SPEECH_S, find_speech, heard, left_out, speech_seconds
+from streamer.longform.speech import UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, speech_seconds
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -140,9 +140,9 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
     seek, next_speech = 0, 0
     previous = ""  # the text of the last kept segment
     while True:
-        # Jump over audio without speech: it is never decoded (no hallucinations on silence).
-        while next_speech < len(speech) and speech[next_speech][1] <= seek:
-            next_speech += 1
+        # Jump over audio without speech (a stretch's end padding included): it is never decoded
+        # (no hallucinations on silence), and a window opens on speech.
+        next_speech = next_stretch(speech, next_speech, seek)
         if next_speech == len(speech):
             break
         seek = max(seek, speech[next_speech][0])

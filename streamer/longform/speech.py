@@ -26,6 +26,23 @@ stopped early and left words out (it does, at the end of long windows): that res
 again. Padding alone is at most 0.4 s."""
 
 
+PADDING_SAMPLES = CUT_VAD.speech_pad_ms * SAMPLE_RATE // 1000
+"""The padding at a stretch's end holds no speech (the VAD added it after the last word)."""
+
+
+def next_stretch(speech: list[tuple[int, int]], index: int, seek: int) -> int:
+    """The index (from `index` on) of the first stretch of `speech` that still holds speech after
+    sample `seek`: a stretch that `seek` has passed, or of which only its end padding is left, is
+    over. A window opened on a stretch's last few milliseconds holds the long pause after it; the
+    first timestamp may not come later than 1 s (`MAX_INITIAL_TIMESTAMP`), so the model then writes
+    the next speech at 0 s, seconds early, and the seek walks back into text already written (base,
+    messy Spanish join: a window opened 8 ms before a stretch's end and 11 s before the next
+    speech, and its text came out twice)."""
+    while index < len(speech) and speech[index][1] - PADDING_SAMPLES <= seek:
+        index += 1
+    return index
+
+
 def find_speech(audio: np.ndarray) -> list[tuple[int, int]]:
     """Sample ranges [start, end) of speech in a whole recording, each at most 28 s plus padding."""
     if len(audio) == 0:

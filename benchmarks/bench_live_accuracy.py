@@ -324,6 +324,7 @@ def main() -> None:
                         finals = asyncio.run(stream_realtime(base, rec, args.pace, condition))
                     rows.append({**live_row(rec, system, run, finals, time.perf_counter() - t0),
                                  **cost(before, engine.metrics(), finals)})
+                    write_json(args.out, {"model": args.model, "pace": args.pace, "runs": rows})  # so far
                     print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s",
                                             "engine_ms_per_window", "encode_ms_per_window", "decode_ms_per_window",
                                             "latency_p50_ms", "latency_p95_ms"]), flush=True)

@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from streamer.audio.vad import SAMPLE_RATE
-from streamer.streaming.events import SubmitWindow, WindowId
+from streamer.streaming.events import SubmitWindow, WindowId, window_context
 
 MAX_CONTINUATIONS = 2
 """Continuation decodes of one final, at most: each costs a decode, and a rest that stops early
@@ -55,17 +55,10 @@ def continuation_window(window: SubmitWindow, segments: list, rest: float, numbe
                 break
             kept.insert(0, (start, end, tokens))
             begin, n = start, n + len(tokens) + 2
-    # Prefix timestamps in the window's frame, in order, none after the rest begins.
-    limit, last, context = rest - begin, 0.0, []
-    for start, end, tokens in kept:
-        a = min(max(start - begin, last), limit)
-        b = min(max(end - begin, a), limit)
-        context.append((a, b, tokens))
-        last = b
     skip = round((begin - window.start) * SAMPLE_RATE)
     return dataclasses.replace(window, window_id=WindowId(window.utterance_id, "final", number),
                                audio=window.audio[skip:], start=window.start + skip / SAMPLE_RATE,
-                               context_s=rest - begin, context=tuple(context))
+                               context_s=rest - begin, context=window_context(kept, begin, rest - begin))
 
 
 def joined(window: SubmitWindow, result: Any, segments: list, rest: list, rest_result: Any,

@@ -40,7 +40,8 @@ from streamer.audio.vad import FRAME, SAMPLE_RATE, ManualSegmenter, SileroVAD, U
 from streamer.config import StreamingConfig
 from streamer.model.decoding import CONDITION_MAX_TEMPERATURE
 from streamer.streaming.continuation import CONTINUE_MIN_SPEECH_S, MAX_CONTINUATIONS, continuation_window, joined, rest_start
-from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId
+from streamer.streaming.events import (Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId,
+                                      window_context)
 from streamer.streaming.stabilize import LocalAgreement
 
 MAX_WINDOW_S = 30.0
@@ -377,16 +378,7 @@ class Session:
                 break
             chain.insert(0, h)
             c0, n = h.start, n + h.n_tokens
-        # Timestamps in the window's frame, in order, and none after the utterance begins: the
-        # decoder's next timestamp may then fall where the utterance's speech starts.
-        limit, last, segments = (u0 - c0) / SAMPLE_RATE, 0.0, []
-        for h in chain:
-            for start, end_s, tokens in h.segments:
-                a = min(max(start - c0 / SAMPLE_RATE, last), limit)
-                b = min(max(end_s - c0 / SAMPLE_RATE, a), limit)
-                segments.append((a, b, tokens))
-                last = b
-        return c0, tuple(segments)
+        return c0, window_context([s for h in chain for s in h.segments], c0 / SAMPLE_RATE, (u0 - c0) / SAMPLE_RATE)
 
     def _submit_partial(self, utt: _Utterance, end: int) -> SubmitWindow:
         utt.partial_seq += 1

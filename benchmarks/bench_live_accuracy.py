@@ -278,6 +278,8 @@ def main() -> None:
     parser.add_argument("--partials", default="off", help="on: /v1/stream decodes partials too (finals never "
                         "see them; off saves CPU on a shared machine; Realtime items run none)")
     parser.add_argument("--offline", default="fast,accurate", help=f"of {', '.join(OFFLINE)}, or none")
+    parser.add_argument("--continue-after", default=None, help="the server's CONTINUE_AFTER_S (a final that "
+                        "stops this long before its audio is continued; 0: off); default: the server's")
     parser.add_argument("--out", default="bench_live_accuracy.json")
     args = parser.parse_args()
 
@@ -290,7 +292,10 @@ def main() -> None:
     # And the server reads the socket however far the engine is behind (MAX_BACKLOG_S=0): with its
     # read paused, the client's pongs queue behind audio and uvicorn's keepalive (20 s) closes the
     # stream with 1011 (found here on the 15-minute join at 4x on the loaded CPU).
-    settings = load_settings({"MODEL_ID": args.model, "IDLE_TIMEOUT_S": "3600", "MAX_BACKLOG_S": "0"})
+    env = {"MODEL_ID": args.model, "IDLE_TIMEOUT_S": "3600", "MAX_BACKLOG_S": "0"}
+    if args.continue_after is not None:
+        env["CONTINUE_AFTER_S"] = args.continue_after
+    settings = load_settings(env)
     engine = Engine.load(ModelConfig(model=args.model, device="cpu"), settings.engine)
     offline = [s for s in args.offline.split(",") if s in OFFLINE]
     fw = None
@@ -319,6 +324,7 @@ def main() -> None:
                         finals = asyncio.run(stream_realtime(base, rec, args.pace, condition))
                     rows.append({**live_row(rec, system, run, finals, time.perf_counter() - t0),
                                  **cost(before, engine.metrics(), finals)})
+                    write_json(args.out, {"model": args.model, "pace": args.pace, "runs": rows})  # so far
                     print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s",
                                             "engine_ms_per_window", "encode_ms_per_window", "decode_ms_per_window",
                                             "latency_p50_ms", "latency_p95_ms"]), flush=True)

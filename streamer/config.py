@@ -126,6 +126,11 @@ class StreamingConfig:
     acoustic_context_pause_s: float = 10.0
     """A pause at least this long between finals ends the acoustic context: older speech is
     another exchange, and the window would carry the silence."""
+    continue_after_s: float = 1.0
+    """A final whose decoded segments end more than this before its audio does, with VAD speech
+    after them, is continued: the rest is decoded and joined to it (`streaming/continuation.py`;
+    Whisper can end a long window early, leaving its last words out). Over the padding (0.2 s)
+    and a last word's timestamp slack; 0 turns it off."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PARTIAL_INTERVAL_MAX_S": ("streaming", "partial_interval_max_s"),
     "FINAL_BUDGET_S": ("streaming", "final_budget_s"),
     "ACOUSTIC_CONTEXT": ("streaming", "acoustic_context"),
+    "CONTINUE_AFTER_S": ("streaming", "continue_after_s"),
     "HOST": ("server", "host"),
     "WORKERS": ("server", "workers"),
     "PORT": ("server", "port"),

@@ -13,15 +13,15 @@ import pytest
 
 from streamer.audio.decode import decode_audio
 from streamer.audio.vad import SileroVAD
-from streamer.config import StreamingConfig
+from streamer.config import StreamingConfig, VADConfig
 from streamer.engine.request import Priority, Result
 from streamer.model.decoding import DecodeOptions, judge
 from streamer.streaming.cadence import CadenceConfig, PartialCadence
 from streamer.streaming.events import Partial, SpeechStarted
-from streamer.streaming.live import (FINAL_PATIENCE_S, Cancel, Committed, Finalized, LiveOptions, LivePolicy,
+from streamer.streaming.live import (FINAL_PATIENCE_S, Align, Cancel, Committed, Finalized, LiveOptions, LivePolicy,
                                      Observe, Retry, Submit)
 from streamer.streaming.session import Session
-from streamer.types import Segment
+from streamer.types import Segment, Word
 
 SR = 16000
 CHUNK = 320  # 20 ms
@@ -47,11 +47,11 @@ def result(text: str, duration: float = 3.0, start: float = 0.0) -> Result:
                   no_speech_prob=0.01, compression_ratio=1.3, temperature=0.0, duration=duration, verdict=verdict)
 
 
-def policy(vad, cadence=None, **streaming) -> LivePolicy:
+def policy(silero, cadence=None, **streaming) -> LivePolicy:
     # Acoustic context (on by default) makes a stream's finals wait for each other; the rules for
     # finals in the engine side by side are tested without it, context has its own test.
     streaming.setdefault("acoustic_context", False)
-    session = Session(StreamingConfig(**streaming), vad)
+    session = Session(StreamingConfig(**streaming), silero)
     return LivePolicy(session, LiveOptions("en"), encode=lambda text: list(range(len(text.split()))),
                       max_new_tokens=224, cadence=cadence, timestamp_token=timestamp_token)
 
@@ -220,6 +220,43 @@ def test_acoustic_context_forces_the_previous_finals_as_the_prefix(vad, speech):
     assert done[0].duration == pytest.approx(w.end - w.utterance_start)
     with pytest.raises(ValueError, match="timestamp_token"):
         LivePolicy(Session(StreamingConfig(acoustic_context=True), vad), LiveOptions("en"), encode=len, max_new_tokens=224)
+
+
+def test_a_final_that_stops_early_is_continued_before_it_goes_out(vad, jfk_path):
+    """Kennedy's sentence as one utterance: a decode that ends 4 s before the window does, with
+    speech there, is continued (its own segment as the prefix), and one final goes out joined;
+    word timings cover the whole; a lost continuation leaves the final as it was."""
+    jfk = decode_audio(jfk_path)
+    audio = np.concatenate([jfk, np.zeros(3 * SR, np.float32)])
+    for words, lost in [(False, False), (True, False), (False, True)]:
+        p = policy(vad, partials=False, acoustic_context=True, vad=VADConfig(min_silence_ms=1500))
+        p.options.word_timestamps = words
+        acts, now = drive(p, audio)
+        (first,) = of(acts, Submit)
+        w = first.window
+        assert w.end - w.start > 10
+        out = p.on_result(first.job, result("And so my fellow Americans, ask not", 6.0, 0.3), now)
+        (rest,) = of(out, Submit)
+        assert rest.job != first.job and rest.priority is Priority.FINAL and rest.window.window_id.seq == 1
+        assert rest.window.start == pytest.approx(w.start + 0.3) and rest.window.end == pytest.approx(w.end)
+        assert rest.options.prefix_tokens == (timestamp_token(0.0), 1, 2, 3, timestamp_token(5.7))
+        assert rest.options.timestamps and not of(out, Finalized)
+        if lost:
+            (done,) = of(p.on_failure(rest.job, "engine_unavailable", "core gone", now), Finalized)
+            assert done.error is None and done.final.text == "And so my fellow Americans, ask not"
+            continue
+        tail = rest.window.end - rest.window.start
+        out = p.on_result(rest.job, result("what your country can do for you.", tail - 0.3, 5.7), now)
+        if words:
+            (align,) = of(out, Align)
+            assert align.window is w and [s.end for s in align.segments] == pytest.approx([6.0, w.end - w.start - 0.3])
+            for s in align.segments:
+                s.words = [Word(start=s.start, end=s.end, word=s.text, probability=0.9)]
+            out = p.on_aligned(align.job, now)
+        (done,) = of(out, Finalized)
+        assert done.final.text == "And so my fellow Americans, ask not what your country can do for you."
+        assert done.final.end == pytest.approx(w.end - 0.3) and p.pending_finals == 0
+        assert not words or [x["start"] for x in done.final.words] == pytest.approx([w.start + 0.3, w.start + 6.0])
 
 
 def test_drop_open_abandons_the_utterance(vad, speech):

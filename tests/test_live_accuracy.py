@@ -9,6 +9,7 @@ About two minutes of CPU: the audio is fed as fast as the session takes it, with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import jiwer
 import numpy as np
@@ -17,7 +18,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio.decode import decode_audio
 from streamer.audio.vad import SileroVAD
-from streamer.config import StreamingConfig
+from streamer.config import StreamingConfig, VADConfig
 from streamer.engine.request import DecodeOptions
 from streamer.longform import transcribe_long
 from streamer.server.bridge import Bridge, Finalized
@@ -100,6 +101,54 @@ def test_acoustic_context_decodes_finals_inside_the_preceding_audio(engine, mani
         assert f.words and all(f.start - 0.05 <= w["start"] <= w["end"] <= f.end + 0.05 for w in f.words), f
         starts = [w["start"] for w in f.words]  # spread over the speech, not piled at a segment's edge
         assert starts == sorted(starts) and len(set(starts)) > len(starts) // 2, f
+
+
+@pytest.mark.parametrize("context", [True, False])
+def test_a_final_that_stopped_early_is_continued_by_the_engine(engine, manifest, context):
+    """Kennedy's sentence as one utterance; tiny.en writes it as two segments (0-8 s, 8-11 s). Its
+    decode is handed to the policy without the second, as a decode that stopped early would come
+    back: the policy decodes the rest with the real engine (after the first segment as the forced
+    prefix with acoustic context, alone without) and one final goes out with the whole sentence
+    and word timings in order over all of it."""
+    from streamer.longform.words import add_segment_words
+    from streamer.streaming.live import Align, Finalized as Done, LiveOptions, LivePolicy, Submit
+
+    row = next(r for r in manifest if r["audio"].endswith("en/jfk.ogg"))
+    audio = np.concatenate([decode_audio(row["audio"]), np.zeros(3 * SR, np.float32)])
+    config = StreamingConfig(partials=False, acoustic_context=context, vad=VADConfig(min_silence_ms=1500))
+    tok = engine.tokenizer
+    policy = LivePolicy(Session(config, SileroVAD()), LiveOptions("en", word_timestamps=True), encode=tok.encode,
+                        max_new_tokens=engine.config.max_new_tokens, timestamp_token=tok.timestamp_token)
+    submits, done = [], []
+
+    async def run(actions) -> None:
+        for a in actions:
+            if isinstance(a, Submit):
+                submits.append(a)
+                result = await engine.transcribe(a.window.audio, a.options)
+                if len(submits) == 1:  # the first decode: as if it had ended after its first segment
+                    assert len(result.segments) >= 2 and result.segments[0].end < 9.0, result.segments
+                    first = result.segments[0]
+                    result = dataclasses.replace(result, segments=[first], text=first.text)
+                await run(policy.on_result(a.job, result, 0.0))
+            elif isinstance(a, Align):
+                await add_segment_words(engine, a.audio, a.segments, language="en", task="transcribe", offset=a.window.context_s)
+                await run(policy.on_aligned(a.job, 0.0))
+            elif isinstance(a, Done):
+                done.append(a)
+
+    async def feed() -> None:
+        for i in range(0, len(audio), CHUNK):
+            await run(policy.feed(audio[i:i + CHUNK], 0.0))
+        await run(policy.close(0.0))
+
+    asyncio.run(feed())
+    assert len(submits) == 2 and submits[1].window.window_id.seq == 1
+    assert bool(submits[1].options.prefix_tokens) == context
+    (final,) = [d.final for d in done]
+    assert wer(row["text"], final.text) <= 0.05, final.text
+    starts = [w["start"] for w in final.words]
+    assert starts == sorted(starts) and final.words[-1]["end"] > final.start + 9.0, final.words
 
 
 def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():

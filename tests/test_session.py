@@ -364,6 +364,74 @@ def test_acoustic_context_opens_a_final_with_the_previous_finals_and_keeps_only_
     assert w.context_s > 15 and w.prompt
 
 
+def test_a_final_that_stops_early_is_continued_and_joined(vad, jfk):
+    """Kennedy's whole sentence as one utterance (a long silence rule): a decode that stops after
+    "... can do for you," leaves VAD speech out, so the rest is decoded as a continuation of the
+    same final and joined to it."""
+    long_pauses = VADConfig(min_silence_ms=1500)
+
+    def utterance(session: Session, audio: np.ndarray) -> SubmitWindow:
+        (final,) = windows(stream(session, np.concatenate([audio, np.zeros(2 * SR, np.float32)]), close=False))
+        return final
+
+    session = Session(StreamingConfig(partials=False, vad=long_pauses, acoustic_context=True), vad)
+    w = utterance(session, jfk)
+    assert w.context_s == 0 and w.end - w.start > 10
+    first = result_of(" And so my fellow Americans, ask not what your country can do for you,",
+                      [segment(0.3, 2.0, " And so my fellow Americans,", tokens=[1, 2, 3]),
+                       segment(3.0, 7.5, " ask not what your country can do for you,", tokens=[4, 5, 6])])
+    rest = session.continuation(w, first, 0)
+    # With acoustic context: the final's own segments open the window as its forced prefix, and
+    # the window ends where the final's does.
+    assert rest.window_id == WindowId(w.utterance_id, "final", 1) and rest.kind == "final"
+    assert rest.start == pytest.approx(w.start + 0.3) and rest.end == pytest.approx(w.end)
+    assert np.array_equal(rest.audio, w.audio[round(0.3 * SR):])
+    assert rest.utterance_start == pytest.approx(w.start + 7.5)
+    assert [c[2] for c in rest.context] == [(1, 2, 3), (4, 5, 6)]
+    assert rest.context[0][:2] == pytest.approx((0.0, 1.7)) and rest.context[1][:2] == pytest.approx((2.7, 7.2))
+    # What follows the prefix is joined on: one result in the final's frame.
+    ctx, tail = rest.context_s, w.end - rest.start
+    more = result_of(" ask what you can do for your country.",
+                     [segment(ctx + 0.3, tail - 0.4, " ask what you can do for your country.", tokens=[7, 8])])
+    joined = session.join(w, first, rest, more)
+    assert [s.id for s in joined.segments] == [0, 1, 2]
+    assert joined.segments[2].start == pytest.approx(0.3 + ctx + 0.3)
+    assert session.continuation(w, joined, 1) is None  # it reaches the end now
+    assert session.continuation(w, first, 2) is None  # at most two continuations
+    (final,) = session.on_result(w.window_id, joined)
+    assert final.text == "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+    assert final.end == pytest.approx(w.end - 0.4) and final.start == pytest.approx(w.start + 0.3)
+
+    # A continuation with no new text, or spoiled, is dropped.
+    w2 = utterance(session, jfk)
+    assert w2.context_s == 0  # two of them do not fit in a 24-s window
+    rest2 = session.continuation(w2, first, 0)
+    assert session.join(w2, first, rest2, result_of("", [])) is None
+    loop = result_of(" country country country country", [segment(rest2.context_s, rest2.context_s + 2, " country", tokens=[8])],
+                     compression_ratio=3.1, truncated=True)
+    assert session.join(w2, first, rest2, loop) is None
+
+    # Without acoustic context the rest is decoded alone.
+    alone = Session(StreamingConfig(partials=False, vad=long_pauses, acoustic_context=False), vad)
+    v = utterance(alone, jfk)
+    rest = alone.continuation(v, first, 0)
+    assert rest.context == () and rest.context_s == 0 and rest.start == pytest.approx(v.start + 7.5)
+    assert np.array_equal(rest.audio, v.audio[round(7.5 * SR):])
+    # Not continued: segments that reach the end; continuation turned off.
+    whole = result_of(" And so ...", [segment(0.3, v.end - v.start - 0.5, " And so ...", tokens=[1])])
+    assert alone.continuation(v, whole, 0) is None
+    off = Session(StreamingConfig(partials=False, vad=long_pauses, continue_after_s=0), vad)
+    assert off.continuation(utterance(off, jfk), first, 0) is None
+
+    # Silence after the last segment is not words left out: a client's commit 3 s after speech.
+    clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]  # "And so my fellow Americans"
+    manual = Session(StreamingConfig(partials=False, manual_commit=True), vad)
+    stream(manual, np.concatenate([clip, np.zeros(3 * SR, np.float32)]), close=False)
+    (m,) = windows(manual.flush())
+    spoken_part = result_of(" And so my fellow Americans.", [segment(0.3, len(clip) / SR, " And so my fellow Americans.", tokens=[1])])
+    assert m.end - (m.start + len(clip) / SR) > 2.5 and manual.continuation(m, spoken_part, 0) is None
+
+
 def test_flush_and_close(vad, jfk):
     session = Session(StreamingConfig(), vad)
     half = 6 * SR  # inside "what your country can do for you" (5.2-7.8 s)

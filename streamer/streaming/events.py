@@ -96,6 +96,20 @@ class SubmitWindow:
         return self.start + self.context_s
 
 
+def window_context(spans: list[tuple[float, float, tuple[int, ...]]], origin: float,
+                   limit: float) -> tuple[tuple[float, float, tuple[int, ...]], ...]:
+    """`SubmitWindow.context` from segments (start, end in stream seconds, tokens): times from
+    `origin`, in order, and none after `limit` (where the window's new speech begins, so that the
+    decoder's next timestamp may fall there)."""
+    last, out = 0.0, []
+    for start, end, tokens in spans:
+        a = min(max(start - origin, last), limit)
+        b = min(max(end - origin, a), limit)
+        out.append((a, b, tokens))
+        last = b
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Partial:
     """Provisional text of an utterance in progress; `text == stable + unstable`.

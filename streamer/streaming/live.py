@@ -27,6 +27,9 @@ Rules (each measured; docs/benchmarks.md):
   engine's speed; a final whose decode with them spoils the context is decoded again alone.
 - A final with acoustic context forces the previous finals' segments (text and timestamps) as the
   decoder's prefix (`DecodeOptions.prefix_tokens`); the result holds only what follows them.
+- A final whose segments stop early (VAD speech after them) is continued before it goes out: its
+  rest is decoded (after its own segments as prefix, with acoustic context) and joined to it, at
+  most twice (`streaming/continuation.py`); one `Finalized` for the whole.
 - Every live window carries a deadline: when its audio ended at real-time pace. The engine serves
   a class in deadline order, so a client that sends faster than real time queues behind others.
 - A final refused by a full queue is retried for `final_patience_s`; a refused partial is dropped.
@@ -147,6 +150,11 @@ class _Final:
     """Decoded (and aligned) or failed: deliverable once every earlier final is delivered."""
     error: tuple[str, str] | None = None
     """(code, message) of a failure."""
+    continuation: SubmitWindow | None = None
+    """The window decoding the rest of a final that stopped early, while in the engine; `result`
+    then holds the final's result so far."""
+    continued: int = 0
+    """Continuations decoded so far."""
 
 
 @dataclass
@@ -266,15 +274,30 @@ class LivePolicy:
             return []  # cancelled meanwhile
         if self.cadence is not None:
             self.cadence.observe_final(now - final.submitted_at, now)
-        retry = self.session.retry_unprompted(final.window, result)
-        if retry is not None:
-            final.window = retry
+        more = True
+        if final.continuation is not None:  # the rest of a final that stopped early
+            rest = self.session.join(final.window, final.result, final.continuation, result)
+            final.continuation, more = None, rest is not None
+            result = rest if rest is not None else final.result
+        else:
+            retry = self.session.retry_unprompted(final.window, result)
+            if retry is not None:
+                final.window = retry
+                final.job = self._next_job()
+                return [self._submit_final(final, now)]
+        final.result = result
+        rest_window = self.session.continuation(final.window, result, final.continued) if more else None
+        if rest_window is not None:
+            final.continuation, final.continued = rest_window, final.continued + 1
             final.job = self._next_job()
             return [self._submit_final(final, now)]
-        final.result = result
-        segments = self.session.new_segments(final.window, result)
+        return self._decoded(final, now)
+
+    def _decoded(self, final: _Final, now: float) -> list[Action]:
+        """`final.result` is the final's text: word timings, or delivery."""
+        segments = self.session.new_segments(final.window, final.result)
         if self.options.word_timestamps and segments:
-            return [Align(final.job, final.window, segments, result.language or self.options.language)]
+            return [Align(final.job, final.window, segments, final.result.language or self.options.language)]
         final.done = True
         return self._deliver(now)
 
@@ -294,6 +317,9 @@ class LivePolicy:
         final = self._find(job)
         if final is None:
             return []
+        if final.continuation is not None:  # the rest is lost, the final so far is not
+            final.continuation = None
+            return self._decoded(final, now)
         final.done, final.error = True, (code, message)
         return self._deliver(now)
 
@@ -389,7 +415,8 @@ class LivePolicy:
 
     def _submit(self, final: _Final, now: float) -> Submit:
         final.submitted, final.submitted_at = True, now
-        return Submit(final.job, final.window, self._options(final.window), Priority.FINAL, self._deadline(final.window))
+        window = final.continuation or final.window
+        return Submit(final.job, window, self._options(window), Priority.FINAL, self._deadline(window))
 
     def _deliver(self, now: float) -> list[Action]:
         """Deliver the finals at the head of the order that are done."""

@@ -22,6 +22,10 @@ audio since the earliest of the previous finals that are close enough (no pause 
 segments (`SubmitWindow.context`) for the decoder's forced prefix. What the decoder writes after
 the prefix is the utterance's text; a segment that ends before the utterance's own audio begins
 was speech of the context that no final had kept (a VAD-discarded burst), and is dropped.
+
+A final whose segments stop early is continued (`streaming/continuation.py`): the session keeps
+the VAD's per-frame speech probabilities of the finals in flight to tell words left out from the
+padding after the last word.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import numpy as np
 from streamer.audio.vad import FRAME, SAMPLE_RATE, ManualSegmenter, SileroVAD, UtteranceSegmenter, VADEvent, frame_rms
 from streamer.config import StreamingConfig
 from streamer.model.decoding import CONDITION_MAX_TEMPERATURE
-from streamer.streaming.events import Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId
+from streamer.streaming.continuation import CONTINUE_MIN_SPEECH_S, MAX_CONTINUATIONS, continuation_window, joined, rest_start
+from streamer.streaming.events import (Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId,
+                                      window_context)
 from streamer.streaming.stabilize import LocalAgreement
 
 MAX_WINDOW_S = 30.0
@@ -62,7 +68,8 @@ def _spoils_context(result: Any) -> bool:
 
 class _AudioBuffer:
     """The recent samples of a stream, addressed by absolute sample index; appends are amortised
-    O(1) (no copy of the whole utterance per 20-ms chunk)."""
+    O(1) (no copy of the whole utterance per 20-ms chunk). Also holds the VAD's per-frame
+    probabilities, addressed by frame."""
 
     def __init__(self, capacity: int = SAMPLE_RATE * 4):
         self._data = np.zeros(capacity, dtype=np.float32)
@@ -159,6 +166,8 @@ class Session:
         # reaches `max_utterance_s`.
         self._segmenter = ManualSegmenter(config.vad) if config.manual_commit else UtteranceSegmenter(config.vad)
         self._audio = _AudioBuffer()
+        self._speech = _AudioBuffer(SAMPLE_RATE // FRAME * 4)
+        """The VAD's speech probability per frame, back to the start of the oldest final in flight."""
         self._utterance: _Utterance | None = None
         self._next_id = 1
         self._finals: dict[int, SubmitWindow] = {}
@@ -192,6 +201,7 @@ class Session:
         n = len(probs)
         if n == 0:
             return []
+        self._speech.append(probs)
         levels = frame_rms(self._audio.slice(first * FRAME, (first + n) * FRAME).reshape(n, FRAME))
         events: list[Event] = []
         for i, (prob, level) in enumerate(zip(probs.tolist(), levels.tolist())):
@@ -203,6 +213,8 @@ class Session:
             if self.config.partials and due:
                 events.append(self._submit_partial(utt, frame_end))
         self._audio.drop_before(self._keep_from())
+        starts = [round(w.utterance_start * SAMPLE_RATE) for w in self._finals.values()]
+        self._speech.drop_before(min([self._segmenter.keep_from] + starts) // FRAME)
         return events
 
     def _keep_from(self) -> int:
@@ -299,6 +311,39 @@ class Session:
         self._finals[alone.utterance_id] = alone
         return alone
 
+    def continuation(self, window: SubmitWindow, result: Any, done: int) -> SubmitWindow | None:
+        """The window that decodes the rest of final `window` (after `done` continuations), or
+        None: its decoded segments reach to within `continue_after_s` of the window's end, or the
+        VAD heard less than `CONTINUE_MIN_SPEECH_S` of speech after them, or the decode is silence
+        or spoiled (the final then goes out as it is), or it was continued `MAX_CONTINUATIONS` times."""
+        if window.kind != "final" or done >= MAX_CONTINUATIONS or result.verdict.silence or _spoils_context(result):
+            return None
+        segments = self.new_segments(window, result)
+        rest = rest_start(window, segments, self.config.continue_after_s)
+        if rest is None or self._speech_s(rest, window.end) < CONTINUE_MIN_SPEECH_S:
+            return None
+        return continuation_window(window, segments, rest, done + 1, prefix=self.config.acoustic_context,
+                                   max_s=CONTEXT_WINDOW_S, max_tokens=CONTEXT_MAX_TOKENS)
+
+    def join(self, window: SubmitWindow, result: Any, continuation: SubmitWindow, rest_result: Any) -> Any | None:
+        """Final `window`'s `result` with the new text of its `continuation`'s result (one result,
+        in `window`'s frame), or None when the continuation brought no new text or is silence or
+        spoiled: it is dropped and the final goes out as it was."""
+        if rest_result.verdict.silence or _spoils_context(rest_result):
+            return None
+        rest = [s for s in self.new_segments(continuation, rest_result) if s.text.strip()]
+        if not rest:
+            return None
+        return joined(window, result, self.new_segments(window, result), rest, rest_result, continuation)
+
+    def _speech_s(self, start: float, end: float) -> float:
+        """Seconds of frames in stream time [start, end) that the VAD scored as speech."""
+        a = max(round(start * SAMPLE_RATE) // FRAME, self._speech.start)
+        b = min(round(end * SAMPLE_RATE) // FRAME, self._speech.end)
+        if b <= a:
+            return 0.0
+        return int((self._speech.slice(a, b) >= self._segmenter.threshold).sum()) * FRAME / SAMPLE_RATE
+
     def new_segments(self, window: SubmitWindow, result: Any) -> list:
         """The segments of a final's `result` that are its utterance's: with acoustic context, a
         segment that ends before the utterance's audio begins transcribes the context."""
@@ -333,16 +378,7 @@ class Session:
                 break
             chain.insert(0, h)
             c0, n = h.start, n + h.n_tokens
-        # Timestamps in the window's frame, in order, and none after the utterance begins: the
-        # decoder's next timestamp may then fall where the utterance's speech starts.
-        limit, last, segments = (u0 - c0) / SAMPLE_RATE, 0.0, []
-        for h in chain:
-            for start, end_s, tokens in h.segments:
-                a = min(max(start - c0 / SAMPLE_RATE, last), limit)
-                b = min(max(end_s - c0 / SAMPLE_RATE, a), limit)
-                segments.append((a, b, tokens))
-                last = b
-        return c0, tuple(segments)
+        return c0, window_context([s for h in chain for s in h.segments], c0 / SAMPLE_RATE, (u0 - c0) / SAMPLE_RATE)
 
     def _submit_partial(self, utt: _Utterance, end: int) -> SubmitWindow:
         utt.partial_seq += 1

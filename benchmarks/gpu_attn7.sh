@@ -29,10 +29,7 @@ SWEEP_BATCHES=${SWEEP_BATCHES:-32,64,128,256}
 RERUN_BATCHES=${RERUN_BATCHES:-1,8,32,64,128,256}
 mkdir -p "$OUT" benchmarks/results
 source benchmarks/gpu_budget.sh
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 BENCH_RESULTS_DIR=$PWD/benchmarks/results
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
-git log --oneline -1 2>/dev/null
+source benchmarks/gpu_kernel_env.sh
 
 W=()
 if [ -z "${SKIP_SWEEP:-}" ]; then  # stage 0: compile the candidates while the tests run

@@ -20,10 +20,7 @@ BUDGET=${BUDGET_S:-320}
 OUT=${OUT:-/tmp/fp8s6_out}
 mkdir -p "$OUT" benchmarks/results
 source benchmarks/gpu_budget.sh
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 BENCH_RESULTS_DIR=$PWD/benchmarks/results
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
-git log --oneline -1 2>/dev/null
+source benchmarks/gpu_kernel_env.sh
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS

@@ -384,7 +384,11 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
     with the decode steps on a higher-priority stream than the encoder (decode_priority) or not."""
     loaded = load_model("tiny.en", "cuda", torch.float16)
     jobs = [(a, DecodeOptions(temperatures=(0.0,), timestamps=True)) for a in _pick(manifest, "en", 12)]
-    variants = {"one stream": {}, "pipeline, eager encoder": {"overlap_encoder": True, "encoder_graphs": False},
+    # The eager encoder is compared with an eager one-stream run: on the H200 a captured and an eager
+    # encoder differ in fp16 rounding (cuBLAS picks its kernels per capture), which moved one
+    # timestamp token of 12 windows in session 9; what is tested here is the second stream.
+    variants = {"one stream": {}, "one stream, eager encoder": {"encoder_graphs": False},
+                "pipeline, eager encoder": {"overlap_encoder": True, "encoder_graphs": False},
                 "pipeline": {"overlap_encoder": True, "decode_priority": False},
                 "pipeline, decode first": {"overlap_encoder": True}}
     results = {}
@@ -401,8 +405,9 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
         finally:
             engine.close()
     tokens = {name: [r.tokens for r in rs] for name, rs in results.items()}
-    for name in variants:
-        assert tokens[name] == tokens["one stream"], name
+    for name, kw in variants.items():
+        baseline = "one stream" if kw.get("encoder_graphs", True) else "one stream, eager encoder"
+        assert tokens[name] == tokens[baseline], name
     assert all(r.text for r in results["pipeline, decode first"])
 
 

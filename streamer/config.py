@@ -162,6 +162,10 @@ class ServerConfig:
     max_backlog_s: float = 10.0
     """A live stream's socket is not read while this much of its audio past the end of its
     oldest undelivered final is waiting (TCP then slows the sender). 0: no limit."""
+    vad_batch_ms: float = 10.0
+    """Live audio waits up to this long (or until 64 streams have some) to have its VAD scored
+    in one call with the other streams' of the gateway: half the VAD's CPU a frame
+    (`server/vad_batcher.py`), at most this much later to cut an utterance. 0: each chunk alone."""
     max_loop_lag_s: float = 1.0
     """New live streams are refused (`overloaded`) while the event loop runs this late: the
     gateway is past what one process can serve, and the streams it has would suffer. 0: no limit."""
@@ -235,6 +239,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MODE": ("server", "mode"),
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
     "MAX_BACKLOG_S": ("server", "max_backlog_s"),
+    "VAD_BATCH_MS": ("server", "vad_batch_ms"),
     "SHUTDOWN_GRACE_S": ("server", "shutdown_grace_s"),
     "ALLOWED_ORIGINS": ("server", "allowed_origins"),
     "MAX_OUTBOX_BYTES": ("server", "max_outbox_bytes"),

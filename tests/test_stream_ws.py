@@ -208,3 +208,33 @@ def test_no_permessage_deflate(url):
             return offered
 
     assert asyncio.run(extensions()) == []
+
+
+def test_streams_share_vad_calls_and_hear_the_same(engine, manifest):
+    """Four streams at once through one gateway: their VAD is scored in shared calls
+    (`VADBatcher`), and each hears exactly what it hears with every chunk scored alone
+    (`VAD_BATCH_MS=0`): the same utterances at the same stream times, the same finals."""
+    rows = [r for r in manifest if "/en/asterisk/" in r["audio"] and 2 <= r["duration"] <= 4][:4]
+    gap = np.zeros(16000, np.float32)
+    audios = [s16(np.concatenate([gap, decode_audio(r["audio"]), gap])) for r in rows]
+
+    def heard(events):
+        return [(e["type"], e.get("t"), e.get("text")) for e in events
+                if e["type"] in ("speech_started", "speech_stopped", "final")]
+
+    runs = {}
+    for ms in (10, 0):
+        app = create_app(load_settings({"VAD_BATCH_MS": str(ms)}), engine)
+        with running(app) as base:
+            async def main():
+                return await asyncio.gather(*(stream(base.replace("http://", "ws://"), a, {"partials": False},
+                                                     frame_bytes=1024, pace=4.0) for a in audios))
+            runs[ms] = [heard(events) for events in asyncio.run(main())]
+            batcher = app.state.streamer.vad_batcher
+            if ms:
+                chunks = sum(len(a) // 1024 for a in audios)
+                assert 0 < batcher.calls < chunks / 1.5, (batcher.calls, chunks)
+            else:
+                assert batcher is None
+    assert runs[10] == runs[0]
+    assert all(any(kind == "final" and text for kind, _, text in h) for h in runs[0])

@@ -77,6 +77,38 @@ def test_states_are_independent(vad, jfk_path):
     assert not np.array_equal(np.concatenate(got_b), alone)
 
 
+def test_streams_scored_together_equal_each_alone(vad, audio_dir, jfk_path):
+    """`probabilities_many` (a gateway's streams in shared calls of the per-frame model, long
+    chunks through the sequence model) gives each stream exactly what scoring it alone gives,
+    whatever the chunking, the company in a call and the mix of the two models over a stream."""
+    from streamer.audio.vad import SEQUENCE_MIN_FRAMES
+
+    signals = [decode(jfk_path), decode(audio_dir / "es" / "asterisk" / "conf-adminmenu.ogg")]
+    signals += [signals[0][::-1].copy(), np.zeros(5 * 16000, np.float32)]
+    signals = [x[: 8 * 16000] for x in signals]
+    alone = [vad.probabilities(vad.new_state(), x) for x in signals]
+    states = [vad.new_state() for _ in signals]
+    got: list[list[np.ndarray]] = [[] for _ in signals]
+    rng = np.random.default_rng(3)
+    offsets = [0] * len(signals)
+    while any(o < len(x) for o, x in zip(offsets, signals)):
+        jobs, who = [], []
+        for j, x in enumerate(signals):
+            if offsets[j] >= len(x) or rng.random() < 0.2:
+                continue  # not every stream has audio in every call
+            # Mostly a frame or two, now and then a long chunk (the sequence model's part).
+            n = int(rng.integers(1, 2 * FRAME)) if rng.random() < 0.8 else (SEQUENCE_MIN_FRAMES + 2) * FRAME
+            jobs.append((states[j], x[offsets[j]: offsets[j] + n]))
+            who.append(j)
+            offsets[j] += n
+        for j, p in zip(who, vad.probabilities_many(jobs)):
+            got[j].append(p)
+    for j, x in enumerate(signals):
+        np.testing.assert_array_equal(np.concatenate(got[j]), alone[j])
+        assert states[j].frames == len(x) // FRAME
+    assert alone[0].max() > 0.9 and alone[3].max() < 0.1
+
+
 def test_segments_match_get_speech_timestamps(package_model, long_audio, uncut):
     """15 prompts joined by pauses: same utterances as the package's get_speech_timestamps."""
     torch = pytest.importorskip("torch")

@@ -12,6 +12,12 @@ frame and 0.07 ms a frame in blocks (2.8 ms per second of audio); a batch of 64 
 the per-frame model costs 0.08 ms a frame-stream, no better, so there is no cross-stream batch.
 Fewer, longer calls also hold the GIL less (ONNX Runtime releases it while it computes).
 
+A live stream sends a frame or two at a time, which the sequence model scores at 0.10 ms a
+frame; many streams at once go through the per-frame export (`silero_vad.onnx`) as one batch,
+a row per stream and its state stacked, at 0.05 ms a frame-stream for 16 streams and 0.044 for
+64 (one core, this machine), bit-identical to scoring each stream alone (`probabilities_many`;
+`server/vad_batcher.py` gathers a gateway's streams into it).
+
 `UtteranceSegmenter` is pure: per-frame probabilities in, utterance boundaries out. Its
 start/end rules mirror the package's `get_speech_timestamps` so that live cutting and offline
 chunking agree with it; max-length cuts are our own (at the quietest recent point).
@@ -40,6 +46,11 @@ MAX_BLOCK_FRAMES = 512
 HIDDEN = 128
 """LSTM width of the model; `h` and `c` are [1, 1, HIDDEN]."""
 MODEL_FILE = "silero_vad_16k_sequence.onnx"
+BATCH_MODEL_FILE = "silero_vad.onnx"
+"""The per-frame export: [B, CONTEXT + FRAME] rows with state [2, B, HIDDEN] ([h; c]) per call."""
+SEQUENCE_MIN_FRAMES = 8
+"""In `probabilities_many`, a stream with at least this many new frames is scored alone by the
+sequence model (0.054 ms a frame in blocks of 8) instead of holding the batch for as many rounds."""
 
 CUT_SEARCH_S = 4.0
 """A max-length cut looks for the quietest point within this many last seconds."""
@@ -64,15 +75,15 @@ class VADState:
     """Frames scored so far; frame i covers samples [i * FRAME, (i + 1) * FRAME)."""
 
 
-def _packaged_model() -> str:
-    """The ONNX file inside the installed silero-vad, found without importing the package (its
+def _packaged_model(name: str = MODEL_FILE) -> str:
+    """An ONNX file inside the installed silero-vad, found without importing the package (its
     `__init__` imports torch, which a gateway process has no other use for)."""
     spec = importlib.util.find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("silero-vad is not installed: pip install silero-vad")
-    model = Path(list(spec.submodule_search_locations)[0]) / "data" / MODEL_FILE
+    model = Path(list(spec.submodule_search_locations)[0]) / "data" / name
     if not model.is_file():
-        raise FileNotFoundError(f"{MODEL_FILE} is not in the installed silero-vad; it ships from silero-vad 6.2.3")
+        raise FileNotFoundError(f"{name} is not in the installed silero-vad; it ships from silero-vad 6.2.3")
     return str(model)
 
 
@@ -84,13 +95,18 @@ class SileroVAD:
             import onnxruntime
         except ImportError as e:
             raise ImportError("silero-vad needs onnxruntime: pip install onnxruntime") from e
-        if model_path is None:
-            model_path = _packaged_model()
         options = onnxruntime.SessionOptions()
         # One thread per call: many streams call at once, and a frame is too small to split.
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
+
+        def load(path: str):
+            return onnxruntime.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+
+        self._session = load(model_path or _packaged_model())
+        # Loaded on first use: only gateways batch streams (the packaged weights; a custom
+        # `model_path` is a sequence export, which `probabilities_many` then uses alone).
+        self._batch_session = None if model_path else functools.cache(lambda: load(_packaged_model(BATCH_MODEL_FILE)))
 
     @classmethod
     @functools.cache
@@ -108,27 +124,69 @@ class SileroVAD:
 
         Feeding a signal in any chunking gives the same probabilities as feeding it whole.
         """
-        audio = np.concatenate([state.pending, np.asarray(audio16k, dtype=np.float32).reshape(-1)])
-        n = len(audio) // FRAME
-        state.pending = audio[n * FRAME :].copy()
-        if n == 0:
+        return self._sequence(state, _take_rows(state, audio16k))
+
+    def probabilities_many(self, jobs: list[tuple[VADState, np.ndarray]]) -> list[np.ndarray]:
+        """`probabilities(state, audio)` of every job (one per stream: the states must differ),
+        with the streams' frames scored together: round r is one call over every stream that has
+        an r-th new frame. Same probabilities as scoring each job alone."""
+        rows = [_take_rows(state, audio) for state, audio in jobs]
+        out: list[np.ndarray | None] = [None] * len(jobs)
+        batched = []
+        for j, ((state, _), r) in enumerate(zip(jobs, rows)):
+            if len(r) >= SEQUENCE_MIN_FRAMES or (len(r) and self._batch_session is None):
+                out[j] = self._sequence(state, r)
+            elif len(r):
+                batched.append(j)
+            else:
+                out[j] = np.zeros(0, dtype=np.float32)
+        if batched:
+            session = self._batch_session()
+            sr = np.array(SAMPLE_RATE, dtype=np.int64)
+            probs = {j: np.empty(len(rows[j]), dtype=np.float32) for j in batched}
+            for r in range(max(len(rows[j]) for j in batched)):
+                live = [j for j in batched if len(rows[j]) > r]
+                state = np.stack([np.concatenate([jobs[j][0].h, jobs[j][0].c]).reshape(2, HIDDEN) for j in live], axis=1)
+                p, state = session.run(None, {"input": np.stack([rows[j][r] for j in live]), "state": state, "sr": sr})
+                for k, j in enumerate(live):
+                    probs[j][r] = p[k, 0]
+                    s = jobs[j][0]
+                    s.h, s.c = state[0, k].reshape(1, 1, HIDDEN).copy(), state[1, k].reshape(1, 1, HIDDEN).copy()
+            for j in batched:
+                out[j] = probs[j]
+        return out  # type: ignore[return-value]
+
+    def _sequence(self, state: VADState, rows: np.ndarray) -> np.ndarray:
+        """Score `rows` (from `_take_rows`) in order through the sequence export."""
+        if len(rows) == 0:
             return np.zeros(0, dtype=np.float32)
-        frames = audio[: n * FRAME].reshape(n, FRAME)  # [n, 512]
-        # Each model input row is [context (64) | frame (512)], the context being the tail of
-        # the frame before it; this mirrors the package's OnnxWrapper.
-        contexts = np.empty((n, CONTEXT), dtype=np.float32)
-        contexts[0] = state.context
-        contexts[1:] = frames[:-1, -CONTEXT:]
-        rows = np.concatenate([contexts, frames], axis=1)  # [n, 576]
         probs = []
-        for i in range(0, n, MAX_BLOCK_FRAMES):
+        for i in range(0, len(rows), MAX_BLOCK_FRAMES):
             p, state.h, state.c = self._session.run(
                 ["speech_probs", "hn", "cn"], {"input": rows[i : i + MAX_BLOCK_FRAMES], "h": state.h, "c": state.c}
             )
             probs.append(p)
-        state.context = frames[-1, -CONTEXT:].copy()
-        state.frames += n
         return np.concatenate(probs).astype(np.float32, copy=False)
+
+
+def _take_rows(state: VADState, audio16k: np.ndarray) -> np.ndarray:
+    """The model input rows [n, CONTEXT + FRAME] of the whole frames that `audio16k` completes
+    (after `state.pending`); advances the state's pending samples, context and frame count (its
+    LSTM state is the caller's to advance)."""
+    audio = np.concatenate([state.pending, np.asarray(audio16k, dtype=np.float32).reshape(-1)])
+    n = len(audio) // FRAME
+    state.pending = audio[n * FRAME :].copy()
+    if n == 0:
+        return np.zeros((0, CONTEXT + FRAME), dtype=np.float32)
+    frames = audio[: n * FRAME].reshape(n, FRAME)  # [n, 512]
+    # Each model input row is [context (64) | frame (512)], the context being the tail of
+    # the frame before it; this mirrors the package's OnnxWrapper.
+    contexts = np.empty((n, CONTEXT), dtype=np.float32)
+    contexts[0] = state.context
+    contexts[1:] = frames[:-1, -CONTEXT:]
+    state.context = frames[-1, -CONTEXT:].copy()
+    state.frames += n
+    return np.concatenate([contexts, frames], axis=1)
 
 
 def frame_rms(frames: np.ndarray) -> np.ndarray:

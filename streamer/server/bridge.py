@@ -12,11 +12,11 @@ the outcomes back, used by every transport:
 `emit` is the transport's synchronous hand-off (it queues the wire message for its sender task),
 so the order of emitted events is the order in which they happened.
 
-`policy.feed` runs the VAD inline on the event loop: silero-vad costs about 0.07 ms per 32-ms
-frame on one core (measured in `audio/vad.py`), so a 20-ms chunk costs well under a millisecond.
-At 128 streams in one process that is still 43 % of the loop's time (H200 host, py-spy), but
-scoring on a thread pool was worse (every chunk's return asks for the GIL, and the engine thread
-ran its steps 2x slower: session 4): more streams per GPU need more gateway processes, not threads.
+The VAD runs on the event loop. With a `VADBatcher` (the gateway's, `ServerState.vad_batcher`)
+a chunk waits there a few milliseconds and is scored in one call with the other streams' (half
+the cost a frame: `server/vad_batcher.py`); without one `policy.feed` scores it inline. Scoring
+on a thread pool was worse (every chunk's return asks for the GIL, and the engine thread ran its
+steps 2x slower: session 4): more streams per GPU need more gateway processes, not threads.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from streamer.engine.errors import Cancelled, EngineClosed, EngineUnavailable
 from streamer.engine.scheduler import QueueFull
 from streamer.longform.words import add_segment_words
 from streamer.server.metrics import Metrics
+from streamer.server.vad_batcher import VADBatcher
 from streamer.streaming.cadence import PartialCadence
 from streamer.streaming.live import (Action, Align, Cancel, Committed, Finalized, LiveOptions, LivePolicy, Observe,
                                      Retry, StreamEvent, Submit)
@@ -62,8 +63,9 @@ class Bridge:
 
     def __init__(self, session: Session, engine: Engine, metrics: Metrics, emit: Emit, *, session_id: str,
                  language: str | None, task: str, word_timestamps: bool = False,
-                 cadence: PartialCadence | None = None):
+                 cadence: PartialCadence | None = None, vad_batcher: VADBatcher | None = None):
         self.session = session
+        self.vad_batcher = vad_batcher
         self.engine = engine
         self.metrics = metrics
         self.emit = emit
@@ -93,16 +95,32 @@ class Bridge:
 
     def feed(self, pcm: np.ndarray) -> None:
         """Take the next 16-kHz chunk of the stream."""
-        self._run(self.policy.feed(pcm, time.monotonic()))
+        if len(pcm) == 0:
+            return
+        if self.vad_batcher is not None:
+            self.vad_batcher.add(self, pcm, time.monotonic())
+        else:
+            self._run(self.policy.feed(pcm, time.monotonic()))
+
+    def feed_scored(self, pcm: np.ndarray, probs: np.ndarray, arrived: float) -> None:
+        """The batcher's hand-back: a chunk that arrived at `arrived`, with its VAD scores."""
+        self._run(self.policy.feed(pcm, arrived, probs))
+
+    def _drain(self) -> None:
+        """Before anything but audio: the audio still waiting in the batcher reaches the policy."""
+        if self.vad_batcher is not None and self.vad_batcher.holds(self):
+            self.vad_batcher.drain()
 
     def flush(self) -> bool:
         """End the open utterance now (client's flush or commit); False when none was open."""
+        self._drain()
         actions = self.policy.flush(time.monotonic())
         self._run(actions)
         return bool(actions)
 
     def drop_open(self) -> bool:
         """Abandon the open utterance: no events, no final (Realtime's `clear`); False when none was open."""
+        self._drain()
         actions = self.policy.drop_open(time.monotonic())
         self._run(actions)
         return bool(actions)
@@ -122,6 +140,7 @@ class Bridge:
     async def finish(self, timeout: float) -> None:
         """End of audio: finalise the open utterance and wait (up to `timeout`) until every final
         is delivered; then drop what is left."""
+        self._drain()
         self._run(self.policy.close(time.monotonic()))
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
@@ -131,6 +150,8 @@ class Bridge:
 
     def close(self) -> None:
         """Stop everything at once (the client is gone): cancel tasks and engine work."""
+        if self.vad_batcher is not None:
+            self.vad_batcher.forget(self)
         self._run(self.policy.abort())
         for handle, _ in self._handles.values():
             _cancel(handle)

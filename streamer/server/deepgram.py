@@ -78,9 +78,8 @@ class DeepgramStream(SocketStream):
                     log.error("deepgram %s: %s", self.session_id, event.error)
                 self._carry_out(protocol.on_event(event, channel))
 
-            return Bridge(Session(options.streaming, self.state.vad), self.state.engine, self.state.metrics, emit,
-                          session_id=self.session_id, language=options.language, task="transcribe",
-                          word_timestamps=True, cadence=self.state.cadence)
+            return self.state.bridge(Session(options.streaming, self.state.vad), emit, session_id=self.session_id,
+                                     language=options.language, task="transcribe", word_timestamps=True)
 
         self._channels = ChannelStreams(rate=options.sample_rate, channels=options.channels,
                                         encoding=options.encoding, multichannel=options.multichannel,

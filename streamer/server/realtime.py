@@ -136,9 +136,8 @@ class RealtimeStream(SocketStream):
     # --- segmentations ------------------------------------------------------------------------------
 
     def _begin(self, begin: Begin) -> None:
-        bridge = Bridge(Session(begin.streaming, self.state.vad), self.state.engine, self.state.metrics,
-                        functools.partial(self._on_event, begin.number), session_id=self.session_id,
-                        language=begin.language, task="transcribe", cadence=self.state.cadence)
+        bridge = self.state.bridge(Session(begin.streaming, self.state.vad), functools.partial(self._on_event, begin.number),
+                                   session_id=self.session_id, language=begin.language, task="transcribe")
         self._bridges[begin.number] = self._current = bridge
 
     def _finish(self, number: int, timeout: float) -> None:

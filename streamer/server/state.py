@@ -16,9 +16,12 @@ from streamer.config import Settings
 from streamer.engine.admission import Kind, Refused, admit, refuse
 from streamer.server.limits import ClientLimits
 from streamer.server.loop_lag import LoopLag
+from streamer.server.bridge import Bridge, Emit
 from streamer.server.metrics import Metrics
 from streamer.server.resume import ResumeStore
+from streamer.server.vad_batcher import VADBatcher
 from streamer.streaming.cadence import CadenceConfig, PartialCadence, budget_for
+from streamer.streaming.session import Session
 
 
 if TYPE_CHECKING:
@@ -63,6 +66,7 @@ class ServerState:
     """`/v1/twilio` streams by `streamSid`, for their subscribers (`server/twilio.py`)."""
 
     _cadence: PartialCadence | None = None
+    _vad_batcher: VADBatcher | None = None
 
     def __post_init__(self) -> None:
         if self.resume is None:
@@ -78,6 +82,21 @@ class ServerState:
                                                          max_interval_s=max(s.partial_interval_s, s.partial_interval_max_s),
                                                          final_budget_s=budget))
         return self._cadence
+
+    @property
+    def vad_batcher(self) -> VADBatcher | None:
+        """The batcher that scores this process's streams' VAD together (None: `vad_batch_ms` 0)."""
+        ms = self.settings.server.vad_batch_ms
+        if self._vad_batcher is None and ms > 0:
+            self._vad_batcher = VADBatcher(self.vad, ms / 1000)
+        return self._vad_batcher
+
+    def bridge(self, session: Session, emit: Emit, *, session_id: str, language: str | None, task: str,
+               word_timestamps: bool = False) -> Bridge:
+        """A live stream's (or channel's) bridge to the engine, with this process's shared cadence
+        and VAD batcher: how every transport builds one."""
+        return Bridge(session, self.engine, self.metrics, emit, session_id=session_id, language=language, task=task,
+                      word_timestamps=word_timestamps, cadence=self.cadence, vad_batcher=self.vad_batcher)
 
     def admit(self, stream: LiveStream) -> Refused | None:
         """Register a new stream; or why not: shutting down, at `max_sessions`, the event loop

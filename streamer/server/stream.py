@@ -55,9 +55,8 @@ class _Live:
 
         def make_bridge(channel: int | None) -> Bridge:
             session = Session(start.streaming, state.vad)
-            return Bridge(session, state.engine, state.metrics, lambda e: self.emit(e, channel),
-                          session_id=session_id, language=language, task=start.streaming.task,
-                          cadence=state.cadence)
+            return state.bridge(session, lambda e: self.emit(e, channel), session_id=session_id,
+                                language=language, task=start.streaming.task)
 
         self.channels = ChannelStreams(rate=start.sample_rate, channels=start.channels, encoding=start.encoding,
                                        multichannel=start.multichannel, make_bridge=make_bridge)

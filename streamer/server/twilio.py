@@ -206,9 +206,8 @@ class TwilioStream(SocketStream):
             def emit(event: StreamEvent) -> None:
                 self._carry_out(self._protocol.on_event(event, channel))
 
-            return Bridge(Session(streaming, self.state.vad), self.state.engine, self.state.metrics, emit,
-                          session_id=self.session_id, language=language, task=streaming.task,
-                          cadence=self.state.cadence)
+            return self.state.bridge(Session(streaming, self.state.vad), emit, session_id=self.session_id,
+                                     language=language, task=streaming.task)
 
         self._channels = ChannelStreams(rate=RATE, channels=len(TRACKS), encoding="mulaw", multichannel=True,
                                         make_bridge=make_bridge)

@@ -30,7 +30,7 @@ from streamer.protocols.outputs import Close, Send
 from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, parse_start
 from streamer.protocols.validation import ValidationError, parse_json
 from streamer.server.auth import error_body
-from streamer.server.bridge import Bridge, StreamEvent
+from streamer.server.bridge import StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
@@ -84,8 +84,8 @@ class WebRtcStream:
         self.protocol = DataChannelProtocol(state.settings.streaming, model, start)
         self.language = model.decoder_language(start.streaming.language)
         session = Session(start.streaming, state.vad)
-        self.bridge = Bridge(session, state.engine, state.metrics, self._emit, session_id=self.session_id,
-                             language=self.language, task=start.streaming.task, cadence=state.cadence)
+        self.bridge = state.bridge(session, self._emit, session_id=self.session_id, language=self.language,
+                                   task=start.streaming.task)
         servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
                    for s in state.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))

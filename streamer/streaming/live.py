@@ -203,8 +203,8 @@ class LivePolicy:
 
     # --- input --------------------------------------------------------------------------------
 
-    def feed(self, pcm: np.ndarray, now: float) -> list[Action]:
-        """Take the next 16-kHz chunk of the stream."""
+    def feed(self, pcm: np.ndarray, now: float, probs: np.ndarray | None = None) -> list[Action]:
+        """Take the next 16-kHz chunk of the stream (`probs`: its VAD scores, see `Session.feed`)."""
         if len(pcm) == 0:
             return []
         start = self.session.stream_time
@@ -215,7 +215,7 @@ class LivePolicy:
         self._marks.append((start + len(pcm) / SAMPLE_RATE, now))
         while len(self._marks) > 1 and self._marks[1][0] < self._marks[-1][0] - MARK_HISTORY_S:
             self._marks.popleft()
-        out = self._dispatch(self.session.feed(pcm), now)
+        out = self._dispatch(self.session.feed(pcm, probs), now)
         return out + self._maybe_partial(now)
 
     def flush(self, now: float) -> list[Action]:

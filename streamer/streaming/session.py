@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from streamer.audio.vad import FRAME, SAMPLE_RATE, ManualSegmenter, SileroVAD, UtteranceSegmenter, VADEvent, frame_rms
+from streamer.audio.vad import (FRAME, SAMPLE_RATE, ManualSegmenter, SileroVAD, UtteranceSegmenter, VADEvent, VADState,
+                                frame_rms)
 from streamer.config import StreamingConfig
 from streamer.model.decoding import CONDITION_MAX_TEMPERATURE
 from streamer.streaming.continuation import CONTINUE_MIN_SPEECH_S, MAX_CONTINUATIONS, continuation_window, joined, rest_start
@@ -190,15 +191,25 @@ class Session:
         """A final must wait for the previous final's result: its prompt or context holds it."""
         return self.config.condition_on_previous or self.config.acoustic_context
 
-    def feed(self, pcm: np.ndarray) -> list[Event]:
-        """Take the next chunk of audio (float32, 16 kHz mono, any length)."""
+    @property
+    def vad_state(self) -> VADState:
+        """The stream's VAD state, for a caller that scores many streams at once (`feed`'s `probs`)."""
+        return self._vad_state
+
+    def feed(self, pcm: np.ndarray, probs: np.ndarray | None = None) -> list[Event]:
+        """Take the next chunk of audio (float32, 16 kHz mono, any length).
+
+        `probs`: the VAD's probabilities of the frames that `pcm` completes, when the caller has
+        scored it already on `vad_state` (`SileroVAD.probabilities_many`); None: scored here.
+        """
         if self.closed:
             raise RuntimeError("session is closed")
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
-        first = self._vad_state.frames
-        self._audio.append(pcm)
-        probs = self._vad.probabilities(self._vad_state, pcm)
+        if probs is None:
+            probs = self._vad.probabilities(self._vad_state, pcm)
         n = len(probs)
+        first = self._vad_state.frames - n
+        self._audio.append(pcm)
         if n == 0:
             return []
         self._speech.append(probs)

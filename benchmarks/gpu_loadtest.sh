@@ -22,6 +22,7 @@
 # PLAN=s8: session 8's check of the merged tree (CUDA tests, tiny.en 400-1000, turbo 200/400 overlapped,
 #   tiny.en 600 overlapped, mixed_fp8 turbo 200).
 # PLAN=s9: (next session) CUDA engine tests in one process, then tiny.en 600 x2 with and without acoustic context.
+# PLAN=s9b: VAD in shared calls + one shared listening socket against both off (600 x2), 800, 1,000, turbo 400.
 # PLAN=s8b: the failures of s8's CUDA tests in full, tiny.en 600 without acoustic context, 1,000 alone, gpu_attn7.sh.
 # PLAN=s7a|s7c|s7d|s7e: session 7's steps (decode priority, pinned clips and a same-call A/B with session
 #   5's tree in .carry/s5tree, one CPU thread + encoder graphs, the release fix); docs/benchmarks.md.
@@ -116,6 +117,18 @@ elif [ "${PLAN:-full}" = s9 ]; then  # next: the thread_local captures' CUDA tes
     ACOUSTIC_CONTEXT=0 run tiny9_noctx$i 60 --model tiny.en --clients 600
   done
   run tiny9_800 80 --model tiny.en --clients 800 --profile-at 800  # py-spy of the core and one gateway at 800
+elif [ "${PLAN:-full}" = s9b ]; then  # session 9: the gateway's VAD in shared calls (VAD_BATCH_MS) and one shared
+  # listening socket (GATEWAY_ACCEPT=shared) against both off, alternated at 600; then 800/1000 and turbo 400
+  timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short \
+    tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token > "$OUT/cuda_test_s9b.log" 2>&1
+  echo "== CUDA test rc=$?: $(tail -1 "$OUT/cuda_test_s9b.log")"
+  for i in 1 2; do
+    run tiny9b_new$i 60 --model tiny.en --clients 600
+    VAD_BATCH_MS=0 GATEWAY_ACCEPT=reuseport run tiny9b_old$i 60 --model tiny.en --clients 600
+  done
+  run tiny9b_800 70 --model tiny.en --clients 800 --profile-at 800
+  run tiny9b_1000 70 --model tiny.en --clients 1000
+  OVERLAP_ENCODER=1 run turbo9b 60 --model "$TURBO" --clients 400
 elif [ "${PLAN:-full}" = s8b ]; then  # session 8: the CUDA failures of s8 in full, what acoustic context costs at
   # tiny.en 600, tiny.en 1,000 alone (the bench stops raising N after a level with failures), then gpu_attn7.sh
   timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_engine.py \

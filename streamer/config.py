@@ -143,6 +143,10 @@ class ServerConfig:
     """Gateway worker processes on the port (each with its sockets, VAD and sessions), in front
     of one engine core process per device. None: 1 on a machine with at most 2 cores, else
     min(8, cores / 2). 0: one process holding the engine itself (no IPC; for comparison)."""
+    accept: str = "shared"
+    """How gateway workers share the port: `shared`, one listening socket from which a free
+    gateway accepts (load follows capacity); `reuseport`, a socket each, connections hashed by
+    the kernel (`server/supervisor.py`)."""
     api_key: str | None = None
     """When set, every request needs `Authorization: Bearer KEY` or `?api_key=KEY`."""
     max_sessions: int = 256
@@ -230,6 +234,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "CONTINUE_AFTER_S": ("streaming", "continue_after_s"),
     "HOST": ("server", "host"),
     "WORKERS": ("server", "workers"),
+    "GATEWAY_ACCEPT": ("server", "accept"),
     "PORT": ("server", "port"),
     "API_KEY": ("server", "api_key"),
     "MAX_SESSIONS": ("server", "max_sessions"),

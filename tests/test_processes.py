@@ -194,17 +194,53 @@ def test_a_killed_engine_core_fails_its_windows_clearly_and_comes_back(served, j
     assert [c["pid"] for c in _health(base)["engine_cores"]] != pids
 
 
+def _gateway_pids(supervisor: int, cores: list[int]) -> list[int]:
+    """The supervisor's gateway processes: its spawned children that are not engine cores."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            if ppid == supervisor and b"spawn_main" in cmdline and int(entry) not in cores:
+                pids.append(int(entry))
+    return pids
+
+
+def test_a_gateway_that_cannot_accept_is_given_no_connections(served):
+    """GATEWAY_ACCEPT=shared (the default): one listening socket for every gateway, so while a
+    gateway cannot take connections (stopped here; in production, an event loop running late)
+    the others take them all; with a socket each (`reuseport`) the kernel would still hand it
+    about half, left waiting."""
+    base, proc = served
+    gateways = _gateway_pids(proc.pid, [c["pid"] for c in _health(base)["engine_cores"]])
+    assert len(gateways) == 2, gateways
+    stopped, other = gateways
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        answered = [_health(base).get("gateway_pid") for _ in range(12)]
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert answered == [other] * 12, answered
+    assert _health(base).get("status") == "ok"
+
+
 def test_sigterm_with_streams_on_both_gateways_delivers_every_final(served, jfk):
     base, proc = served
     url = base.replace("http://", "ws://")
     seven_s = jfk[: 7 * 32000]
-    gateways = set()
-    STREAMS = 10  # the kernel spreads connections over the two workers: all on one has p = 2 ** -9
+    STREAMS = 10
+    gateways = _gateway_pids(proc.pid, [c["pid"] for c in _health(base)["engine_cores"]])
+    assert len(gateways) == 2, gateways
 
-    async def one(started: asyncio.Event, counter: list):
+    async def one(accepted: asyncio.Event, started: asyncio.Event, counter: list):
         async with websockets.connect(url + "/v1/stream") as ws:
             await ws.send(json.dumps({"type": "start", "partials": False}))
             await _recv(ws)
+            accepted.set()
             for i in range(0, len(seven_s), 32000):
                 await ws.send(seven_s[i:i + 32000])
             events = []
@@ -219,20 +255,24 @@ def test_sigterm_with_streams_on_both_gateways_delivers_every_final(served, jfk)
             return events
 
     async def run():
-        started, counter = asyncio.Event(), []
-        tasks = [asyncio.ensure_future(one(started, counter)) for _ in range(STREAMS)]
+        started, counter, tasks = asyncio.Event(), [], []
+        # Half the streams on each gateway: each half is opened while the other gateway is
+        # stopped, so that only this one can accept them (the shared listening socket).
+        for held in gateways:
+            os.kill(held, signal.SIGSTOP)
+            try:
+                accepted = [asyncio.Event() for _ in range(STREAMS // 2)]
+                tasks += [asyncio.ensure_future(one(a, started, counter)) for a in accepted]
+                await asyncio.wait_for(asyncio.gather(*(a.wait() for a in accepted)), 120)
+            finally:
+                os.kill(held, signal.SIGCONT)
         await asyncio.wait_for(started.wait(), 240)
-        for _ in range(20):  # which gateways hold streams (SO_REUSEPORT spreads connections)
-            body = await asyncio.to_thread(_health, base)
-            if body.get("sessions"):
-                gateways.add(body["gateway_pid"])
         proc.send_signal(signal.SIGTERM)
         return await asyncio.gather(*tasks)
 
     results = asyncio.run(run())
     assert proc.wait(120) == 0
     assert b"Traceback" not in proc.stderr.read()
-    assert len(gateways) == 2
     for events in results:
         assert events[-1] == {"type": "closed", "reason": "shutdown"}, events[-3:]
         last_final = [e for e in events if e["type"] == "final"][-1]

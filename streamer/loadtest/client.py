@@ -263,7 +263,7 @@ SERVER_SAMPLES = ("streamer_window_seconds_sum", "streamer_window_seconds_count"
                   "streamer_event_loop_lag_seconds", "streamer_partial_interval_seconds_sum",
                   "streamer_partial_interval_seconds_count", "streamer_engine_ipc_received_bytes_total",
                   "streamer_engine_ipc_sent_bytes_total", "streamer_engine_ipc_cpu_seconds_total",
-                  "streamer_partial_cadence_seconds")
+                  "streamer_partial_cadence_seconds", "streamer_gateway_sessions")
 LAG_POLL_S = 0.25
 """How often the gateway's event-loop lag is read during a run (its peak is reported)."""
 
@@ -289,6 +289,8 @@ class LagWatch:
         self.http_url, self.peak = http_url, 0.0
         self.per_gateway: dict[str, float] = {}
         """pid -> highest lag (several gateway workers), '0' for a single process."""
+        self.streams: dict[str, float] = {}
+        """pid -> most live streams the gateway held at once."""
         self.cadence: list[float] = []
         """The live policy's partial cadence as polled (every gateway's)."""
         self._stop = threading.Event()
@@ -309,6 +311,9 @@ class LagWatch:
                     pid = key.partition(":")[2] or "0"
                     self.per_gateway[pid] = max(self.per_gateway.get(pid, 0.0), value)
                     self.peak = max(self.peak, value)
+                elif key.startswith("streamer_gateway_sessions"):
+                    pid = key.partition(":")[2] or "0"
+                    self.streams[pid] = max(self.streams.get(pid, 0.0), value)
                 elif key.startswith("streamer_partial_cadence_seconds"):
                     self.cadence.append(value)
 
@@ -455,6 +460,9 @@ def sweep(url: str, args) -> dict:
         summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
         summary["server"]["loop_lag_max_s"] = lag.peak
         summary["server"]["loop_lag_per_gateway_s"] = sorted(lag.per_gateway.values(), reverse=True)
+        # Streams held per gateway, in the order of the lags above (the most loaded loop first).
+        order = sorted(lag.per_gateway, key=lag.per_gateway.get, reverse=True)
+        summary["server"]["streams_per_gateway"] = [int(lag.streams.get(pid, 0)) for pid in order]
         summary["server"]["cadence_mean_s"] = float(np.mean(lag.cadence)) if lag.cadence else None
         summary["server"]["cadence_max_s"] = max(lag.cadence) if lag.cadence else None
         runs.append(summary)

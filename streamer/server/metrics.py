@@ -98,6 +98,9 @@ class Metrics:
                               multiprocess_mode="livesum")
         for transport in TRANSPORTS:
             self.sessions.labels(transport)
+        self.gateway_sessions = Gauge("streamer_gateway_sessions", "Live streams this gateway process holds "
+                                      "(a sample per gateway: how the port's connections are spread)",
+                                      registry=self.registry, multiprocess_mode="all")
         self.first_partial = Histogram(
             "streamer_time_to_first_partial_seconds",
             "From the server receiving the audio where speech began to the first partial of that utterance",

@@ -107,11 +107,13 @@ class ServerState:
             return refusal
         self.sessions[stream.session_id] = stream
         self.metrics.sessions.labels(stream.transport).inc()
+        self.metrics.gateway_sessions.set(len(self.sessions))
         return None
 
     def release(self, stream: LiveStream) -> None:
         if self.sessions.pop(stream.session_id, None) is not None:
             self.metrics.sessions.labels(stream.transport).dec()
+            self.metrics.gateway_sessions.set(len(self.sessions))
 
     def refusal(self) -> Refused | None:
         """Why the gateway would refuse a new live stream now, or None."""

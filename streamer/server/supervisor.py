@@ -2,8 +2,15 @@
 
     supervisor (this process: no model, no sockets of its own but the port reservation)
       ├─ engine core 0..D-1   `engine.core.run_core`    (ZeroMQ over ipc:// in a private run dir)
-      └─ gateway 0..W-1       `run_gateway`             (uvicorn on the shared port, SO_REUSEPORT,
-                                                          and on `<run dir>/gw<i>.sock` for relays)
+      └─ gateway 0..W-1       `run_gateway`             (uvicorn on the shared port, and on
+                                                          `<run dir>/gw<i>.sock` for relays)
+
+How the port is shared (`GATEWAY_ACCEPT`): `shared` (default): the supervisor holds one listening
+socket that every gateway accepts from, so a new connection goes to a gateway that is free to
+take it (a busy event loop comes to its accept late) and none is lost when a gateway restarts;
+`reuseport`: each gateway has its own SO_REUSEPORT socket and the kernel hashes connections over
+them whatever their load (at 600 tiny.en streams on the H200 two gateways of eight ran 1.1-2.7 s
+late while the other six ran under 0.1 s, session 9).
 
 Each gateway holds an `EngineClient` of every core. A connection that needs what another gateway
 holds (a resumed `/v1/stream` session, a Twilio call's subscriber) is relayed to it over that
@@ -42,6 +49,9 @@ RESTART_DELAY_S = 1.0
 """A child that died is started again after this pause (crash loops stay slow)."""
 CORE_STOP_S = 40.0
 """How long cores get to finish their work after the gateways are gone."""
+BACKLOG = 2048
+"""Connections the kernel queues on the port before a gateway accepts them (handshake bursts)."""
+ACCEPT_MODES = ("shared", "reuseport")
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -75,10 +85,12 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]], port: int, rundir: str) -> None:
-    """Gateway worker process: the app on the shared port and on its own Unix socket in the run
-    directory (where the other workers relay the connections whose session this one holds),
-    engines reached through `EngineClient`."""
+def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]], port: int, rundir: str,
+                listener: socket.socket | None = None) -> None:
+    """Gateway worker process: the app on the shared port (the supervisor's `listener`, or a
+    SO_REUSEPORT socket of its own) and on its own Unix socket in the run directory (where the
+    other workers relay the connections whose session this one holds), engines reached through
+    `EngineClient`."""
     os.setsid()
     logging.basicConfig(level=log_level("INFO"),
                         format=f"%(asctime)s %(levelname)s gateway{index}: %(message)s")
@@ -91,8 +103,10 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
 
     client = EngineClient(addresses, settings.engine, gateway=f"gw{index}-{os.getpid()}")
     app = create_app(settings, connect=client.start)
-    sock = reuse_port_socket(settings.server.host, port)
-    sock.listen(2048)
+    sock = listener
+    if sock is None:
+        sock = reuse_port_socket(settings.server.host, port)
+        sock.listen(BACKLOG)
     peers = Peers.of(settings.server)
     peers.release_all()
     build_server(app, settings.server.host, port).run(sockets=[sock, peers.listen()])
@@ -120,9 +134,15 @@ class Supervisor:
                                output_address=f"ipc://{self.rundir}/core{i}-out")
                       for i, d in enumerate(devices)]
         self.n_workers = settings.server.workers if settings.server.workers is not None else default_workers()
-        # Held (bound, not listening) for the supervisor's life: port 0 becomes a real port, and
-        # no other program takes it between two worker restarts.
+        if settings.server.accept not in ACCEPT_MODES:
+            raise ValueError(f"GATEWAY_ACCEPT must be one of {', '.join(ACCEPT_MODES)}, not {settings.server.accept!r}")
+        # Held for the supervisor's life: port 0 becomes a real port, and no other program takes
+        # it between two worker restarts. With `shared` accepts it is the one listening socket.
         self.reservation = reuse_port_socket(settings.server.host, settings.server.port)
+        self.listener = None
+        if settings.server.accept == "shared":
+            self.reservation.listen(BACKLOG)
+            self.listener = self.reservation
         self.port = self.reservation.getsockname()[1]
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", os.path.join(self.rundir, "metrics"))
         os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
@@ -138,8 +158,8 @@ class Supervisor:
 
     def _start_gateway(self, i: int) -> None:
         addresses = [(s.input_address, s.output_address) for s in self.specs]
-        proc = self.ctx.Process(target=run_gateway, args=(self.settings, i, addresses, self.port, self.rundir),
-                                name=f"streamer-gateway{i}")
+        proc = self.ctx.Process(target=run_gateway, args=(self.settings, i, addresses, self.port, self.rundir,
+                                                          self.listener), name=f"streamer-gateway{i}")
         proc.start()
         self.gateways[i] = proc
         log.info("gateway %d: pid %d", i, proc.pid)

@@ -151,6 +151,58 @@ def test_a_final_that_stopped_early_is_continued_by_the_engine(engine, manifest,
     assert starts == sorted(starts) and final.words[-1]["end"] > final.start + 9.0, final.words
 
 
+@pytest.mark.parametrize("emptied, rungs", [(4, 1), (1, 2)])
+def test_a_final_with_nothing_new_after_its_context_is_decoded_again_without_the_prefix(engine, manifest, emptied,
+                                                                                       rungs):
+    """Kennedy's recording twice, 1.5 s apart, with acoustic context (8 utterances). The `emptied`-th
+    decode with a forced prefix is handed to the policy with nothing after the prefix, as a decode
+    that stopped at once comes back: the policy decodes the same audio again without the prefix,
+    with the real engine. Utterance 5 ("And so my fellow Americans", after a 1.5-s pause) comes out
+    as its own segment: the final, one decode more (`rungs` 1). Utterance 2 ("ask not", after a
+    short pause): tiny.en writes "And so my fellow Americans asked not" as one segment over the
+    boundary, which is not taken (the context's words again), and the utterance is decoded alone
+    (`rungs` 2). Either way the finals are the recording's words, none twice."""
+    from streamer.streaming.live import Finalized as Done, LiveOptions, LivePolicy, Submit
+
+    row = next(r for r in manifest if r["audio"].endswith("en/jfk.ogg"))
+    jfk = decode_audio(row["audio"])
+    audio = np.concatenate([jfk, np.zeros(int(1.5 * SR), np.float32), jfk, np.zeros(SR, np.float32)])
+    tok = engine.tokenizer
+    policy = LivePolicy(Session(StreamingConfig(partials=False, acoustic_context=True), SileroVAD()), LiveOptions("en"),
+                        encode=tok.encode, max_new_tokens=engine.config.max_new_tokens,
+                        timestamp_token=tok.timestamp_token)
+    submits, done = [], []
+
+    async def run(actions) -> None:
+        for a in actions:
+            if isinstance(a, Submit):
+                submits.append(a)
+                result = await engine.transcribe(a.window.audio, a.options)
+                if a.options.prefix_tokens and sum(1 for s in submits if s.options.prefix_tokens) == emptied:
+                    result = dataclasses.replace(result, segments=[], text="")  # stopped after the prefix
+                await run(policy.on_result(a.job, result, 0.0))
+            elif isinstance(a, Done):
+                done.append(a)
+
+    async def feed() -> None:
+        for i in range(0, len(audio), CHUNK):
+            await run(policy.feed(audio[i:i + CHUNK], 0.0))
+        await run(policy.close(0.0))
+
+    asyncio.run(feed())
+    k = [i for i, s in enumerate(submits) if s.options.prefix_tokens][emptied - 1]
+    prefixed, free = submits[k], submits[k + 1]
+    assert free.options.prefix_tokens is None and free.window.window_id == prefixed.window.window_id
+    assert free.window.context_s == prefixed.window.context_s > 0
+    assert np.array_equal(free.window.audio, prefixed.window.audio)
+    assert len(done) == 8 and len(submits) == len(done) + rungs
+    if rungs == 2:
+        alone = submits[k + 2].window
+        assert alone.window_id == free.window.window_id and alone.context_s == 0
+    texts = [d.final.text for d in done if d.final is not None]
+    assert wer(row["text"] + " " + row["text"], " ".join(texts)) <= 0.05, texts  # no context written twice
+
+
 def test_start_takes_conditioning_and_a_prompt_and_names_a_bad_field():
     from streamer.protocols.start import ProtocolError, parse_start
 

@@ -134,6 +134,24 @@ def test_the_next_window_opens_on_speech_not_on_a_stretch_end_padding():
     assert next_stretch(speech, 0, 30 * s) == 2
 
 
+def test_a_stretch_cut_inside_speech_keeps_its_last_samples(audio_dir):
+    """The VAD cuts speech longer than 28 s at its quietest point: the next stretch begins where
+    the cut one ends, and no padding was added there. In the 6-minute recording one such cut falls
+    at 167.872 s; a seek 32 ms before it stays in the cut stretch (the padding rule had moved the
+    window on into the next one)."""
+    from streamer.longform.speech import find_speech
+
+    speech = find_speech(decode_audio(str(audio_dir / "long" / "asterisk_en_6min.ogg")))
+    cuts = [i for i in range(len(speech) - 1) if speech[i + 1][0] == speech[i][1]]
+    assert cuts, speech
+    for i in cuts:
+        assert next_stretch(speech, i, speech[i][1] - SAMPLE_RATE * 32 // 1000) == i
+        assert next_stretch(speech, i, speech[i][1]) == i + 1
+    # A stretch that ends on a pause still gives up its padding.
+    ended = next(i for i in range(len(speech) - 1) if speech[i + 1][0] > speech[i][1])
+    assert next_stretch(speech, ended, speech[ended][1] - PADDING_SAMPLES // 2) == ended + 1
+
+
 # --- formats ---------------------------------------------------------------------------------------------
 
 def transcript() -> Transcript:

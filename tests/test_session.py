@@ -215,11 +215,11 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     # A loop (token limit, compressible) is shown (it has text and speech) but resets the prompt,
     # and the prompted window is to be decoded again without its prompt.
     loop = result_of(" Americans Americans Americans Americans", compression_ratio=3.1, truncated=True)
-    assert session.retry_unprompted(w3, loop).prompt is None
+    assert session.retry_final(w3, loop).prompt is None
     assert [e.text for e in session.on_result(w3.window_id, loop)] == [loop.text.strip()]
     w4, _ = utterance(session, clip)
     assert w4.prompt is None
-    assert session.retry_unprompted(w4, loop) is None  # nothing to take away
+    assert session.retry_final(w4, loop) is None  # nothing to take away
     session.on_result(w4.window_id, result_of(" Good."))
     w5, _ = utterance(session, clip)
     assert w5.prompt == "Good."
@@ -231,7 +231,7 @@ def test_prompt_follows_finals_and_resets_after_hallucination(vad, jfk):
     session.on_result(w6.window_id, result_of(" Good."))
     w7, _ = utterance(session, clip)
     repeated = result_of(" Montreal forced a liner." * 3, compression_ratio=1.9)
-    assert repeated.verdict.repetition and session.retry_unprompted(w7, repeated) is not None
+    assert repeated.verdict.repetition and session.retry_final(w7, repeated) is not None
     session.on_result(w7.window_id, repeated)
     w8, _ = utterance(session, clip)
     assert w8.prompt is None
@@ -319,12 +319,22 @@ def test_acoustic_context_opens_a_final_with_the_previous_finals_and_keeps_only_
     assert w3.start == w1.start and [c[2] for c in w3.context] == [(1, 2, 3), (4, 5)]
     assert w3.context[1][0] == pytest.approx(w2.utterance_start + 0.2 - w1.start)
     assert all(a <= b <= w3.context_s for a, b, _ in w3.context)
-    # No new text under a forced prefix: decoded again alone, where the silence rules judge it.
+    # No new text under a forced prefix: decoded again in the same audio without the prefix, then
+    # alone, where the silence rules judge it.
     nothing = result_of(" Hmm.", [segment(0.1, 0.4, " Hmm.", tokens=[9])])
-    alone = session.retry_unprompted(w3, nothing)
+    free = session.retry_final(w3, nothing)
+    assert free.context == () and free.context_s == w3.context_s and np.array_equal(free.audio, w3.audio)
+    assert free.start == w3.start and free.prompt == w3.prompt
+    # Decoded freely, a segment that starts before the utterance's audio (past the slack) holds
+    # the context's words: not the utterance's.
+    c = free.context_s
+    both = result_of(" Americans ask not. Ask not.", [segment(c - 1.5, c + 1.0, " Americans ask not.", tokens=[6]),
+                                                     segment(c - 0.3, c + 1.8, " Ask not.", tokens=[4, 5])])
+    assert [s.text for s in session.new_segments(free, both)] == [" Ask not."]
+    alone = session.retry_final(free, nothing)
     assert alone.context_s == 0 and alone.context == () and alone.prompt is None
     assert alone.start == pytest.approx(w3.utterance_start) and len(alone.audio) == len(w3.audio) - round(w3.context_s * SR)
-    assert session.retry_unprompted(alone, nothing) is None  # nothing left to take away
+    assert session.retry_final(alone, nothing) is None  # nothing left to take away
     (f3,) = session.on_result(w3.window_id, spoken(" Americans.", 0.3, 1.5, [6]))
     assert f3.start == pytest.approx(alone.start + 0.3)  # times of the window decoded last
 
@@ -338,7 +348,7 @@ def test_acoustic_context_opens_a_final_with_the_previous_finals_and_keeps_only_
     # A spoiled decode (a loop) is decoded alone, and no later final takes the context before it.
     loop = result_of(" Americans Americans Americans Americans", [segment(w5.context_s, w5.context_s + 2, " A", tokens=[8])],
                      compression_ratio=3.1, truncated=True)
-    assert session.retry_unprompted(w5, loop).context_s == 0
+    assert session.retry_final(w5, loop).context_s == 0
     session.on_result(w5.window_id, loop)
     w6, _ = utterance(session, clip)
     assert w6.context_s == 0

@@ -37,8 +37,13 @@ def next_stretch(speech: list[tuple[int, int]], index: int, seek: int) -> int:
     first timestamp may not come later than 1 s (`MAX_INITIAL_TIMESTAMP`), so the model then writes
     the next speech at 0 s, seconds early, and the seek walks back into text already written (base,
     messy Spanish join: a window opened 8 ms before a stretch's end and 11 s before the next
-    speech, and its text came out twice)."""
-    while index < len(speech) and speech[index][1] - PADDING_SAMPLES <= seek:
+    speech, and its text came out twice). A stretch that the next one begins right at (a
+    max-length cut inside speech) has no end padding: its last samples are speech (skipping them
+    moved a window of the 6-minute recording 32 ms on, and its WER went from 2.73 % to 3.19 %)."""
+    while index < len(speech):
+        cut = index + 1 < len(speech) and speech[index + 1][0] <= speech[index][1]
+        if speech[index][1] - (0 if cut else PADDING_SAMPLES) > seek:
+            break
         index += 1
     return index
 

@@ -24,7 +24,8 @@ Rules (each measured; docs/benchmarks.md):
   finishes them in (the next prompt and the Realtime API's commit order depend on it).
 - With conditioning or acoustic context on, a final is submitted once the previous final is in,
   with the prompt and context as they then stand, so that a stream's text does not depend on the
-  engine's speed; a final whose decode with them spoils the context is decoded again alone.
+  engine's speed; a final whose decode with them spoils the context is decoded again alone, and
+  one with nothing new after its forced prefix again without the prefix (then alone).
 - A final with acoustic context forces the previous finals' segments (text and timestamps) as the
   decoder's prefix (`DecodeOptions.prefix_tokens`); the result holds only what follows them.
 - A final whose segments stop early (VAD speech after them) is continued before it goes out: its
@@ -280,7 +281,7 @@ class LivePolicy:
             final.continuation, more = None, rest is not None
             result = rest if rest is not None else final.result
         else:
-            retry = self.session.retry_unprompted(final.window, result)
+            retry = self.session.retry_final(final.window, result)
             if retry is not None:
                 final.window = retry
                 final.job = self._next_job()

@@ -21,7 +21,10 @@ audio since the earliest of the previous finals that are close enough (no pause 
 `acoustic_context_pause_s` between them, the whole window within 30 s), and carries those finals'
 segments (`SubmitWindow.context`) for the decoder's forced prefix. What the decoder writes after
 the prefix is the utterance's text; a segment that ends before the utterance's own audio begins
-was speech of the context that no final had kept (a VAD-discarded burst), and is dropped.
+was speech of the context that no final had kept (a VAD-discarded burst), and is dropped. A final
+whose decode writes nothing after the prefix is decoded again in the same audio without it (then
+alone): base stopped at once after 12 s of context on a Spanish sentence that it wrote in full
+without the prefix (messy-es-10-0, session 9).
 
 A final whose segments stop early is continued (`streaming/continuation.py`): the session keeps
 the VAD's per-frame speech probabilities of the finals in flight to tell words left out from the
@@ -55,6 +58,11 @@ CONTEXT_MAX_TOKENS = 160
 """Forced prefix of a final with acoustic context, at most: with a prompt of `prompt_max_tokens`
 (128) and the start-of-transcript tokens, at least 150 of Whisper's 448 positions stay for the
 new text (about 3 tokens a second of speech, 30 s at most)."""
+FREE_START_SLACK_S = 0.5
+"""A final decoded inside its context without the prefix keeps the segments that start at most
+this long before its own audio: the utterance's padding (0.2 s) and Whisper's timestamp slack;
+one that starts earlier took the context's last words with it (tiny.en wrote "And so my fellow
+Americans asked not" over a context final "And so my fellow Americans.")."""
 CHARS_PER_TOKEN = 6
 """Text kept for a prompt: `prompt_max_tokens` of at most this many characters each (the caller
 cuts the prompt to its exact token count)."""
@@ -307,17 +315,22 @@ class Session:
         so that a stream's prompts and thus its text do not depend on how fast the engine answered)."""
         return self._prepared(window)
 
-    def retry_unprompted(self, window: SubmitWindow, result: Any) -> SubmitWindow | None:
-        """A final to decode again alone (no prompt, no acoustic context), or None: the decode
-        with them looped, repeated itself, was improbable, or needed a hot retry; a prompt or a
-        forced prefix can cause all of them. A forced prefix can also make the decoder stop at
-        once: a final with context and no new text is decoded alone too, where the usual
-        silence rules judge it."""
+    def retry_final(self, window: SubmitWindow, result: Any) -> SubmitWindow | None:
+        """A final to decode again, or None. Alone (no prompt, no acoustic context) when the decode
+        looped, repeated itself, was improbable, or needed a hot retry: a prompt or a forced prefix
+        can cause all of them. A forced prefix can also make the decoder stop at once: a final with
+        context and no new text is decoded again in the same audio without the prefix (the decoder
+        writes the context too, as offline `fast` would; `new_segments` keeps the utterance's), then
+        alone, where the usual silence rules judge it."""
         if window.kind != "final" or not (window.prompt or window.context_s) or result.verdict.silence:
             return None
         empty = window.context_s and not "".join(s.text for s in self.new_segments(window, result)).strip()
         if not (empty or _spoils_context(result)):
             return None
+        if empty and window.context and not _spoils_context(result):
+            free = dataclasses.replace(window, context=())
+            self._finals[free.utterance_id] = free
+            return free
         alone = dataclasses.replace(_alone(window), prompt=None)
         self._finals[alone.utterance_id] = alone
         return alone
@@ -357,10 +370,14 @@ class Session:
 
     def new_segments(self, window: SubmitWindow, result: Any) -> list:
         """The segments of a final's `result` that are its utterance's: with acoustic context, a
-        segment that ends before the utterance's audio begins transcribes the context."""
+        segment that ends before the utterance's audio begins transcribes the context; decoded
+        inside its context without the prefix, one that starts before it does (a segment across
+        the boundary would write the context's words again)."""
         segments = list(result.segments or [])
         if not window.context_s:
             return segments
+        if not window.context:  # decoded freely inside its context (`retry_final`)
+            return [s for s in segments if s.start >= window.context_s - FREE_START_SLACK_S]
         return [s for s in segments if s.end > window.context_s]
 
     def _prepared(self, window: SubmitWindow) -> SubmitWindow:

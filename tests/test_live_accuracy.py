@@ -46,6 +46,36 @@ async def stream(engine, audio, config: StreamingConfig, word_timestamps: bool =
     return finals
 
 
+def drive(engine, policy, audio, alter) -> tuple[list, list]:
+    """Feed `audio` to a `LivePolicy` and carry out its actions with the real engine, one at a time:
+    (its Submits, its Finalized). `alter(submits, result)` gives the result handed back for the last
+    Submit (a test's way to have a decode come back as a faulty one would)."""
+    from streamer.longform.words import add_segment_words
+    from streamer.streaming.live import Align, Finalized as Done, Submit
+
+    submits, done = [], []
+
+    async def run(actions) -> None:
+        for a in actions:
+            if isinstance(a, Submit):
+                submits.append(a)
+                result = alter(submits, await engine.transcribe(a.window.audio, a.options))
+                await run(policy.on_result(a.job, result, 0.0))
+            elif isinstance(a, Align):
+                await add_segment_words(engine, a.audio, a.segments, language="en", task="transcribe", offset=a.window.context_s)
+                await run(policy.on_aligned(a.job, 0.0))
+            elif isinstance(a, Done):
+                done.append(a)
+
+    async def feed() -> None:
+        for i in range(0, len(audio), CHUNK):
+            await run(policy.feed(audio[i:i + CHUNK], 0.0))
+        await run(policy.close(0.0))
+
+    asyncio.run(feed())
+    return submits, done
+
+
 @pytest.fixture(scope="module")
 def long_row(manifest):
     return next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
@@ -110,8 +140,7 @@ def test_a_final_that_stopped_early_is_continued_by_the_engine(engine, manifest,
     back: the policy decodes the rest with the real engine (after the first segment as the forced
     prefix with acoustic context, alone without) and one final goes out with the whole sentence
     and word timings in order over all of it."""
-    from streamer.longform.words import add_segment_words
-    from streamer.streaming.live import Align, Finalized as Done, LiveOptions, LivePolicy, Submit
+    from streamer.streaming.live import LiveOptions, LivePolicy
 
     row = next(r for r in manifest if r["audio"].endswith("en/jfk.ogg"))
     audio = np.concatenate([decode_audio(row["audio"]), np.zeros(3 * SR, np.float32)])
@@ -119,30 +148,15 @@ def test_a_final_that_stopped_early_is_continued_by_the_engine(engine, manifest,
     tok = engine.tokenizer
     policy = LivePolicy(Session(config, SileroVAD()), LiveOptions("en", word_timestamps=True), encode=tok.encode,
                         max_new_tokens=engine.config.max_new_tokens, timestamp_token=tok.timestamp_token)
-    submits, done = [], []
 
-    async def run(actions) -> None:
-        for a in actions:
-            if isinstance(a, Submit):
-                submits.append(a)
-                result = await engine.transcribe(a.window.audio, a.options)
-                if len(submits) == 1:  # the first decode: as if it had ended after its first segment
-                    assert len(result.segments) >= 2 and result.segments[0].end < 9.0, result.segments
-                    first = result.segments[0]
-                    result = dataclasses.replace(result, segments=[first], text=first.text)
-                await run(policy.on_result(a.job, result, 0.0))
-            elif isinstance(a, Align):
-                await add_segment_words(engine, a.audio, a.segments, language="en", task="transcribe", offset=a.window.context_s)
-                await run(policy.on_aligned(a.job, 0.0))
-            elif isinstance(a, Done):
-                done.append(a)
+    def stopped_early(submits, result):
+        if len(submits) == 1:  # the first decode: as if it had ended after its first segment
+            assert len(result.segments) >= 2 and result.segments[0].end < 9.0, result.segments
+            first = result.segments[0]
+            result = dataclasses.replace(result, segments=[first], text=first.text)
+        return result
 
-    async def feed() -> None:
-        for i in range(0, len(audio), CHUNK):
-            await run(policy.feed(audio[i:i + CHUNK], 0.0))
-        await run(policy.close(0.0))
-
-    asyncio.run(feed())
+    submits, done = drive(engine, policy, audio, stopped_early)
     assert len(submits) == 2 and submits[1].window.window_id.seq == 1
     assert bool(submits[1].options.prefix_tokens) == context
     (final,) = [d.final for d in done]
@@ -162,7 +176,7 @@ def test_a_final_with_nothing_new_after_its_context_is_decoded_again_without_the
     short pause): tiny.en writes "And so my fellow Americans asked not" as one segment over the
     boundary, which is not taken (the context's words again), and the utterance is decoded alone
     (`rungs` 2). Either way the finals are the recording's words, none twice."""
-    from streamer.streaming.live import Finalized as Done, LiveOptions, LivePolicy, Submit
+    from streamer.streaming.live import LiveOptions, LivePolicy
 
     row = next(r for r in manifest if r["audio"].endswith("en/jfk.ogg"))
     jfk = decode_audio(row["audio"])
@@ -171,25 +185,13 @@ def test_a_final_with_nothing_new_after_its_context_is_decoded_again_without_the
     policy = LivePolicy(Session(StreamingConfig(partials=False, acoustic_context=True), SileroVAD()), LiveOptions("en"),
                         encode=tok.encode, max_new_tokens=engine.config.max_new_tokens,
                         timestamp_token=tok.timestamp_token)
-    submits, done = [], []
 
-    async def run(actions) -> None:
-        for a in actions:
-            if isinstance(a, Submit):
-                submits.append(a)
-                result = await engine.transcribe(a.window.audio, a.options)
-                if a.options.prefix_tokens and sum(1 for s in submits if s.options.prefix_tokens) == emptied:
-                    result = dataclasses.replace(result, segments=[], text="")  # stopped after the prefix
-                await run(policy.on_result(a.job, result, 0.0))
-            elif isinstance(a, Done):
-                done.append(a)
+    def stopped_after_the_prefix(submits, result):
+        if submits[-1].options.prefix_tokens and sum(1 for s in submits if s.options.prefix_tokens) == emptied:
+            result = dataclasses.replace(result, segments=[], text="")
+        return result
 
-    async def feed() -> None:
-        for i in range(0, len(audio), CHUNK):
-            await run(policy.feed(audio[i:i + CHUNK], 0.0))
-        await run(policy.close(0.0))
-
-    asyncio.run(feed())
+    submits, done = drive(engine, policy, audio, stopped_after_the_prefix)
     k = [i for i, s in enumerate(submits) if s.options.prefix_tokens][emptied - 1]
     prefixed, free = submits[k], submits[k + 1]
     assert free.options.prefix_tokens is None and free.window.window_id == prefixed.window.window_id

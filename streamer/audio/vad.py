@@ -140,7 +140,9 @@ class SileroVAD:
                 batched.append(j)
             else:
                 out[j] = np.zeros(0, dtype=np.float32)
-        if batched:
+        if len(batched) == 1:  # the per-frame export alone is slower than the sequence one (0.13 vs 0.10 ms)
+            out[batched[0]] = self._sequence(jobs[batched[0]][0], rows[batched[0]])
+        elif batched:
             session = self._batch_session()
             sr = np.array(SAMPLE_RATE, dtype=np.int64)
             probs = {j: np.empty(len(rows[j]), dtype=np.float32) for j in batched}

@@ -17,7 +17,8 @@ import time
 from common import ct2_dir, environment, manifest, table, wer, write_json
 
 
-def ours(model: str, rows: list[dict], language: str | None, device: str) -> tuple[list[str], float, list[str]]:
+def ours(model: str, rows: list[dict], language: str | None, device: str,
+         cpu_encoder: str = "auto") -> tuple[list[str], float, list[str]]:
     import torch
 
     from streamer.audio.decode import decode_audio
@@ -26,7 +27,7 @@ def ours(model: str, rows: list[dict], language: str | None, device: str) -> tup
     from streamer.engine.request import DecodeOptions
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    engine = Engine.load(ModelConfig(model=model, device=device))
+    engine = Engine.load(ModelConfig(model=model, device=device, cpu_encoder=cpu_encoder))
     audios = [decode_audio(r["path"]) for r in rows]
 
     from streamer.longform import transcribe_long

@@ -25,6 +25,9 @@ class ModelConfig:
     """`auto` is float32 on the CPU and float16 on CUDA; `float16`, `bfloat16`, `float32`."""
     precision: str = "full_fp16"
     """Kernel preset on CUDA (`full_fp16`, `mixed_fp8`, `aggressive_fp8`); ignored on the CPU."""
+    cpu_encoder: str = "auto"
+    """The encoder's dtype on the CPU (`model/cpu_encoder.py`): `auto` is bfloat16 where the CPU
+    multiplies bfloat16 natively (AMX, AVX512-BF16), else float32; `float32`; `bfloat16`."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "DEVICE": ("model", "device"),
     "DTYPE": ("model", "dtype"),
     "PRECISION": ("model", "precision"),
+    "CPU_ENCODER": ("model", "cpu_encoder"),
     "MAX_SLOTS": ("engine", "max_slots"),
     "MAX_ENCODER_BATCH": ("engine", "max_encoder_batch"),
     "MAX_QUEUE": ("engine", "max_queue"),

@@ -29,6 +29,7 @@ from streamer.engine.request import SAMPLE_RATE, DecodeOptions, check_options, P
 from streamer.engine.runner import SDPA_BACKENDS, Runner, Sequence
 from streamer.engine.admission import Quotas
 from streamer.engine.scheduler import QueueFull, Scheduler, SchedulerConfig, StepOutput
+from streamer.model.cpu_encoder import resolve as resolve_cpu_encoder, with_cpu_encoder
 from streamer.model.decoding import best_attempt, compression_ratio, initial_tokens, judge, split_segments
 from streamer.model.weights import LoadedModel, load_model
 from streamer.model.whisper import KVCache
@@ -101,11 +102,14 @@ class Engine:
     """One model on one device, shared by every session and upload of the process."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(), precision: str | None = None,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, cpu_encoder: str = "float32"):
         """`precision`: a `cuda_ops` preset (kernels + FP8 sites) applied to the model; None keeps
         the plain PyTorch model. `cpu_threads`: intra-op threads of the model thread on the CPU
-        (None: torch's current setting)."""
+        (None: torch's current setting). `cpu_encoder`: the encoder's dtype on the CPU
+        (`ModelConfig.cpu_encoder`; the plain float32 model by default here, `auto` from `load`)."""
         cross_fp8 = False
+        if next(loaded.model.parameters()).device.type == "cpu":
+            loaded = dataclasses.replace(loaded, model=with_cpu_encoder(loaded.model, resolve_cpu_encoder(cpu_encoder)))
         if precision is not None:
             from cuda_ops.precision import get_preset
             from streamer.model.fused import apply_precision
@@ -198,7 +202,8 @@ class Engine:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return cls(load_model(model.model, device, dtype), config, precision, cpu_threads=cpu_threads or threads)
+            return cls(load_model(model.model, device, dtype), config, precision, cpu_threads=cpu_threads or threads,
+                       cpu_encoder=model.cpu_encoder)
         finally:
             torch.set_num_threads(threads)
 

@@ -132,7 +132,7 @@ class Runner:
         self.model = loaded.model
         self.tok = loaded.tokenizer
         self.dims = loaded.dims
-        p = next(self.model.parameters())
+        p = next(self.model.decoder.parameters())  # the encoder may run in another dtype (cpu_encoder.py)
         self.device, self.dtype = p.device, p.dtype
         self.n_slots = n_slots
         self.max_new_tokens = max_new_tokens
@@ -492,14 +492,24 @@ class Runner:
         k, lo = len(expanded), len(self.slots)
         if lo + k > self.n_slots:
             raise RuntimeError(f"{lo + k} sequences for {self.n_slots} slots: the scheduler over-admitted")
+        # What the host builds goes to the GPU before the encoder pass is queued: a copy from
+        # pageable memory returns only once the stream's earlier work is done, so a copy made after
+        # the pass held the host until the pass ended, and the prefill's ~800 launches then ran
+        # with the GPU idle (H200, 256 large-v3 windows: 0.43 s of a 4.0-s wall in fp16, 0.75 of
+        # 3.6 in FP8; `profile_engine.py`). Detecting a language needs the pass first.
+        widths = torch.tensor([r.options.beam_size for r in requests], device=self.device) if k != len(requests) else None
+        detect = self._detects(expanded)
+        seqs = None if detect else self._sequences(expanded, self._languages(expanded, lo))
+        inputs = None if detect else self._prefill_inputs(seqs)
         if audio_features is None:
             audio_features = self._encode(requests)
-        if k != len(requests):
-            widths = torch.tensor([r.options.beam_size for r in requests], device=self.device)
+        if widths is not None:
             audio_features = audio_features.repeat_interleave(widths, dim=0)
         self.model.decoder.write_cross_kv(audio_features, self.cache, lo)
-        seqs = self._sequences(expanded, self._languages(expanded, lo))
-        logits = self._prefill(seqs, lo)
+        if detect:
+            seqs = self._sequences(expanded, self._languages(expanded, lo))
+            inputs = self._prefill_inputs(seqs)
+        logits = self._prefill(seqs, lo, inputs)
         self._sample_first(seqs, logits, lo, out)
         out.encoded.extend(r.id for r in requests)
 
@@ -525,20 +535,27 @@ class Runner:
             seqs.append(Sequence(r, initial, r.initial.sot_index, language, limit, group=group, generator=generator))
         return seqs
 
-    def _prefill(self, seqs: list[Sequence], lo: int) -> torch.Tensor:
-        """Feed each sequence's initial tokens into slots `lo...` (self-attention K/V written);
-        sets its no-speech probability and returns the logits after its last initial token [k, V]."""
-        dec = self.model.decoder
-        k, length = len(seqs), max(len(s.initial) for s in seqs)
-        tokens = torch.full((k, length), self.tok.eot, dtype=torch.long)  # [k, T], shorter rows padded
+    def _prefill_inputs(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prefill's inputs on the device: initial tokens [k, T] (shorter rows padded), and each
+        row's last initial position and `<|startoftranscript|>` position [k]."""
+        length = max(len(s.initial) for s in seqs)
+        tokens = torch.full((len(seqs), length), self.tok.eot, dtype=torch.long)
         for i, s in enumerate(seqs):
             tokens[i, :len(s.initial)] = torch.tensor(s.initial)
-        tokens = tokens.to(self.device)
+        index = torch.tensor([[len(s.initial) - 1, s.sot_index] for s in seqs])
+        tokens, index = tokens.to(self.device), index.to(self.device)
+        return tokens, index[:, 0], index[:, 1]
+
+    def _prefill(self, seqs: list[Sequence], lo: int, inputs: tuple) -> torch.Tensor:
+        """Feed each sequence's initial tokens (`inputs`: `_prefill_inputs(seqs)`) into slots `lo...`
+        (self-attention K/V written); sets its no-speech probability and returns the logits after
+        its last initial token [k, V]."""
+        dec = self.model.decoder
+        tokens, last, sot = inputs
+        k, length = tokens.shape
         positions = torch.arange(length, device=self.device).expand(k, length)
         hidden = dec(tokens, positions, lo, self.cache, length)  # [k, T, D]
         rows = torch.arange(k, device=self.device)
-        last = torch.tensor([len(s.initial) - 1 for s in seqs], device=self.device)
-        sot = torch.tensor([s.sot_index for s in seqs], device=self.device)
         no_speech = dec.logits(hidden[rows, sot]).softmax(-1)[:, self.tok.no_speech].tolist()
         for s, p in zip(seqs, no_speech):
             s.no_speech_prob = p
@@ -566,6 +583,10 @@ class Runner:
         top = (torch.cat([torch.zeros(lo, TOPK), top[0].float().cpu()]),
                torch.cat([torch.zeros(lo, TOPK, dtype=torch.long), top[1].cpu()])) if beams else None
         self._record(list(range(lo, lo + k)), sampled.tolist(), logprobs.float().tolist(), top, out)
+
+    def _detects(self, requests: list) -> bool:
+        """Whether `_languages` must run the decoder (a multilingual model, a language not given)."""
+        return self.tok.multilingual and any(r.options.language is None for r in requests)
 
     def _languages(self, requests: list, lo: int) -> list[str]:
         """The requested language, or the likeliest one from the logits after `<|startoftranscript|>`."""

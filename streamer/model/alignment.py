@@ -56,7 +56,7 @@ def find_word_timings(loaded: LoadedModel, items: list[AlignmentItem], language:
 
 def _align_batch(loaded: LoadedModel, items: list[AlignmentItem], language: str | None, task: str) -> list[list[WordTiming]]:
     tok, model = loaded.tokenizer, loaded.model
-    param = next(model.parameters())
+    param = next(model.decoder.parameters())
     sot = tok.sot_sequence(language or "en", task, timestamps=False)  # ends with <|notimestamps|>
     rows = [sot + item.tokens + [tok.eot] for item in items]
     length = max(len(r) for r in rows)

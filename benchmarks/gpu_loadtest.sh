@@ -23,6 +23,7 @@
 #   tiny.en 600 overlapped, mixed_fp8 turbo 200).
 # PLAN=s9: (next session) CUDA engine tests in one process, then tiny.en 600 x2 with and without acoustic context.
 # PLAN=s9b: VAD in shared calls + one shared listening socket against both off (600 x2), 800, 1,000, turbo 400.
+# PLAN=s10: the overlap test, tiny.en 1,000, turbo 600 (as s9), then profile_engine.py (256 file windows, three presets).
 # PLAN=s8b: the failures of s8's CUDA tests in full, tiny.en 600 without acoustic context, 1,000 alone, gpu_attn7.sh.
 # PLAN=s7a|s7c|s7d|s7e: session 7's steps (decode priority, pinned clips and a same-call A/B with session
 #   5's tree in .carry/s5tree, one CPU thread + encoder graphs, the release fix); docs/benchmarks.md.
@@ -117,6 +118,17 @@ elif [ "${PLAN:-full}" = s9 ]; then  # next: the thread_local captures' CUDA tes
     ACOUSTIC_CONTEXT=0 run tiny9_noctx$i 60 --model tiny.en --clients 600
   done
   run tiny9_800 80 --model tiny.en --clients 800 --profile-at 800  # py-spy of the core and one gateway at 800
+elif [ "${PLAN:-full}" = s10 ]; then  # session 10: prefill inputs before the encoder pass (runner), the
+  # overlap test made robust to batch-size rounding, the served ceilings of s9 again, then where 256 file windows go
+  timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short \
+    tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token > "$OUT/cuda_test_s10.log" 2>&1
+  echo "== CUDA test rc=$?: $(tail -1 "$OUT/cuda_test_s10.log")"
+  run tiny10_1000 70 --model tiny.en --clients 1000
+  OVERLAP_ENCODER=1 run turbo10_600 60 --model "$TURBO" --clients 600
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 200 python3 profile_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
+    --audio "$INPUTS/clips.npz" --out profile_engine_s10_h200.json) 2>&1 | grep -v "seem to have been set\|_warn_once\|Profiler clears" \
+    > "$OUT/profile.log"
+  echo "== profile rc=${PIPESTATUS[0]}"; cat "$OUT/profile.log" | grep -v "^  "
 elif [ "${PLAN:-full}" = s9b ]; then  # session 9: the gateway's VAD in shared calls (VAD_BATCH_MS) and one shared
   # listening socket (GATEWAY_ACCEPT=shared) against both off, alternated at 600; then 800/1000 and turbo 400
   timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short \

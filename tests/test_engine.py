@@ -404,10 +404,17 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
             results[name] = asyncio.run(_all_at_once(engine, jobs))
         finally:
             engine.close()
-    tokens = {name: [r.tokens for r in rs] for name, rs in results.items()}
+    # Which windows share an encoder batch or a decode bucket depends on when the engine thread
+    # picks them up, and fp16 GEMMs round differently per batch size: on the H200 (session 10) that
+    # moved one window's last timestamp by 0.16 s. So the text tokens must be equal and each
+    # timestamp within 0.2 s; features from a wrong window or a stream race change the text.
+    tb = loaded.tokenizer.timestamp_begin
     for name, kw in variants.items():
         baseline = "one stream" if kw.get("encoder_graphs", True) else "one stream, eager encoder"
-        assert tokens[name] == tokens[baseline], name
+        for got, want in zip(results[name], results[baseline], strict=True):
+            assert [t for t in got.tokens if t < tb] == [t for t in want.tokens if t < tb], name
+            stamps = [(g, w) for g, w in zip(got.tokens, want.tokens) if g >= tb or w >= tb]
+            assert all(g >= tb and w >= tb and abs(g - w) <= 10 for g, w in stamps), (name, stamps)
     assert all(r.text for r in results["pipeline, decode first"])
 
 

@@ -53,8 +53,10 @@ class CadenceConfig:
 
 
 def budget_for(device: str) -> float:
-    """Default `final_budget_s` for an engine device: a GPU decodes a final in tens of ms when idle,
-    the CPU needs about 0.3 s for the encoder pass alone (tiny.en, 2 cores)."""
+    """Default `final_budget_s` for an engine device: a GPU decodes a final in tens of ms when idle;
+    on the CPU (tiny.en, 2 cores) a final alone takes 0.2 s for 3 s of speech and 0.9 s for 25 s
+    (bfloat16 encoder, session 10). 0.4 on the CPU was measured too (4 clients, 60 s: p95 1.54 /
+    1.52 s against 1.57 / 1.66, partials 1.5 s apart instead of 1.1): not adopted on two runs."""
     return 0.3 if device.startswith("cuda") else 0.6
 
 

@@ -28,7 +28,7 @@ from bench_engine import random_model
 from common import environment, table, write_json
 
 KINDS = [  # (kind, pattern over the kernel name), first match wins
-    ("attention", r"fmha|flash|attention|cudnn|sdpa|_attn|decode_attention|softmax"),
+    ("attention", r"fmha|flash|attention|cudnn|sdpa|_attn|_decode_|softmax"),  # _decode_*: ours
     ("gemm", r"gemm|cutlass|sm90_xmma|sm80_xmma|nvjet|cublas|matmul|_scaled_mm|splitK"),
     ("layernorm", r"layer_norm|layernorm|_ln_"),
     ("mel/fft", r"fft|stft|mel|spectr"),

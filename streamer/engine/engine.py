@@ -108,8 +108,8 @@ class Engine:
         (None: torch's current setting). `cpu_encoder`: the encoder's dtype on the CPU
         (`ModelConfig.cpu_encoder`; the plain float32 model by default here, `auto` from `load`)."""
         cross_fp8 = False
-        if next(loaded.model.parameters()).device.type == "cpu":
-            loaded = dataclasses.replace(loaded, model=with_cpu_encoder(loaded.model, resolve_cpu_encoder(cpu_encoder)))
+        # A model off the CPU (or float32 asked) comes back as it is.
+        loaded = dataclasses.replace(loaded, model=with_cpu_encoder(loaded.model, resolve_cpu_encoder(cpu_encoder)))
         if precision is not None:
             from cuda_ops.precision import get_preset
             from streamer.model.fused import apply_precision

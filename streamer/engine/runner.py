@@ -498,17 +498,13 @@ class Runner:
         # with the GPU idle (H200, 256 large-v3 windows: 0.43 s of a 4.0-s wall in fp16, 0.75 of
         # 3.6 in FP8; `profile_engine.py`). Detecting a language needs the pass first.
         widths = torch.tensor([r.options.beam_size for r in requests], device=self.device) if k != len(requests) else None
-        detect = self._detects(expanded)
-        seqs = None if detect else self._sequences(expanded, self._languages(expanded, lo))
-        inputs = None if detect else self._prefill_inputs(seqs)
+        prepared = None if self._detects(expanded) else self._prepare(expanded, lo)
         if audio_features is None:
             audio_features = self._encode(requests)
         if widths is not None:
             audio_features = audio_features.repeat_interleave(widths, dim=0)
         self.model.decoder.write_cross_kv(audio_features, self.cache, lo)
-        if detect:
-            seqs = self._sequences(expanded, self._languages(expanded, lo))
-            inputs = self._prefill_inputs(seqs)
+        seqs, inputs = prepared or self._prepare(expanded, lo)
         logits = self._prefill(seqs, lo, inputs)
         self._sample_first(seqs, logits, lo, out)
         out.encoded.extend(r.id for r in requests)
@@ -534,6 +530,12 @@ class Runner:
                 generator.manual_seed(attempt_seed(opts, np.ascontiguousarray(r.audio), r.attempt))
             seqs.append(Sequence(r, initial, r.initial.sot_index, language, limit, group=group, generator=generator))
         return seqs
+
+    def _prepare(self, requests: list, lo: int) -> tuple[list[Sequence], tuple]:
+        """The rows' sequences (slots `lo...`) and prefill inputs; a language to detect reads the
+        rows' cross K/V, so it must come after `write_cross_kv`."""
+        seqs = self._sequences(requests, self._languages(requests, lo))
+        return seqs, self._prefill_inputs(seqs)
 
     def _prefill_inputs(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The prefill's inputs on the device: initial tokens [k, T] (shorter rows padded), and each

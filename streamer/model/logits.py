@@ -89,10 +89,7 @@ class LogitRules:
         always = set(suppress or tok.non_speech_tokens) | {t for t in specials if t is not None}
         self.suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
         self.suppress[sorted(always)] = True
-        self.begin_suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
-        self.begin_suppress[begin_suppress or tok.blank_tokens] = True
-        self.is_timestamp = ids >= self.ts_begin
-        self.is_text = ids < self.eot
+        self.begin_ids = torch.tensor(sorted(set(begin_suppress or tok.blank_tokens)), device=device)
         self.late_initial = ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
         self.ids = ids
 
@@ -100,34 +97,43 @@ class LogitRules:
         """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1).
 
         `timestamps=False` promises that no row has timestamp rules on, and skips them.
+        Each rule is a per-row flag applied to the column range it concerns (text, specials, or the
+        1,501 timestamps), so that a step makes few passes over the vocabulary: on the CPU every
+        [B, V] pass costs about as much as a decoder layer.
         """
         b = logits.shape[0]
-        n, last, pen, last_ts = st.n_sampled[:b, None], st.last[:b, None], st.penultimate[:b, None], st.last_timestamp[:b, None]
-        ts_on = st.timestamps[:b, None]
+        n = st.n_sampled[:b, None]
         at_begin = n == 0
-        forbid = self.suppress[None] | (at_begin & self.begin_suppress[None])
+        logits = logits.masked_fill(self.suppress, NEG_INF)
+        begin_cols = self.begin_ids.expand(b, -1)  # gather/scatter: no host sync inside a CUDA graph
+        logits.scatter_(1, begin_cols, logits.gather(1, begin_cols).masked_fill(at_begin, NEG_INF))
         if not timestamps:
-            return logits.masked_fill(forbid, NEG_INF)
+            return logits
 
         # Timestamp rules (openai/whisper's ApplyTimestampRules, vectorised): timestamps come in
         # pairs, never decrease, each segment is non-empty, and the first one comes within 1 s.
-        last_ts_tok = (n >= 1) & (last >= self.ts_begin)
-        pen_ts_tok = (n < 2) | (pen >= self.ts_begin)
-        forbid_ts = last_ts_tok & pen_ts_tok
-        forbid_text = last_ts_tok & ~pen_ts_tok
-        lower = torch.where(last_ts_tok & ~pen_ts_tok, last_ts, last_ts + 1)
-        decreasing = (last_ts >= 0) & self.is_timestamp[None] & (self.ids[None] < lower)
-        ts_forbid = ((forbid_ts & self.is_timestamp[None]) | (forbid_text & self.is_text[None]) | decreasing
-                     | (at_begin & (~self.is_timestamp[None] | self.late_initial[None])))
-        ts_forbid = ts_forbid | (self.ids[None] == self.no_timestamps)
-        forbid = forbid | (ts_on & ts_forbid)
-        logits = logits.masked_fill(forbid, NEG_INF)
+        tb = self.ts_begin
+        last, pen, last_ts = st.last[:b, None], st.penultimate[:b, None], st.last_timestamp[:b, None]
+        ts_on = st.timestamps[:b, None]
+        last_ts_tok = (n >= 1) & (last >= tb)
+        pen_ts_tok = (n < 2) | (pen >= tb)
+        after_pair = ts_on & last_ts_tok & pen_ts_tok  # a segment just closed: text or EOT next
+        open_segment = last_ts_tok & ~pen_ts_tok  # a lone timestamp: another one must follow
+        begin = ts_on & at_begin  # the first token is a timestamp
+        lower = torch.where(open_segment, last_ts, last_ts + 1)
+        logits[:, :self.eot].masked_fill_((ts_on & open_segment) | begin, NEG_INF)
+        logits[:, self.eot:tb].masked_fill_(begin, NEG_INF)
+        logits[:, self.no_timestamps].masked_fill_(ts_on[:, 0], NEG_INF)
+        ts = logits[:, tb:]
+        decreasing = ts_on & (last_ts >= 0) & (self.ids[None, tb:] < lower)
+        ts.masked_fill_(after_pair | decreasing | (begin & self.late_initial[None, tb:]), NEG_INF)
 
-        # If the timestamps together are likelier than any text token, a timestamp comes next.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        ts_mass = logprobs.masked_fill(~self.is_timestamp[None], NEG_INF).logsumexp(-1, keepdim=True)
-        best_text = logprobs.masked_fill(self.is_timestamp[None], NEG_INF).amax(-1, keepdim=True)
-        return logits.masked_fill(ts_on & (ts_mass > best_text) & ~self.is_timestamp[None], NEG_INF)
+        # If the timestamps together are likelier than any other token, a timestamp comes next
+        # (compared in logits: log-probabilities differ from them by the same normaliser).
+        others = logits[:, :tb]
+        ts_first = ts_on & (ts.logsumexp(-1, keepdim=True) > others.amax(-1, keepdim=True))
+        others.masked_fill_(ts_first, NEG_INF)
+        return logits
 
     def sample(self, logits: Tensor, st: SamplerState, noise: Tensor | None, timestamps: bool = True,
                top_k: int = 0) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:

@@ -53,11 +53,16 @@ def reference(logits: list[float], n: int, last: int, pen: int, last_ts: int, ts
     return out
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("b", [1, 3, 7])
-def test_rules_match_the_per_row_reference(tiny, b):
+def test_rules_match_the_per_row_reference(tiny, b, device):
     tok, v = tiny.tokenizer, tiny.dims.n_vocab
-    rules = LogitRules(tok, v, tiny.suppress_tokens, tiny.begin_suppress_tokens, "cpu")
+    rules = LogitRules(tok, v, tiny.suppress_tokens, tiny.begin_suppress_tokens, device)
     suppress = set(torch.nonzero(rules.suppress).flatten().tolist())
+    cpu_rules = rules if device == "cpu" else LogitRules(tok, v, tiny.suppress_tokens, tiny.begin_suppress_tokens, "cpu")
     begin = set(rules.begin_ids.tolist())
     tb = tok.timestamp_begin
     gen = torch.Generator().manual_seed(b)
@@ -78,7 +83,10 @@ def test_rules_match_the_per_row_reference(tiny, b):
         # Logits scaled so that the timestamp-mass rule goes both ways over the trials.
         logits = torch.randn(b, v, generator=gen) * 3
         logits[:, tb:] += (trial % 5 - 2) * 2.0
-        got = rules.apply(logits.clone(), st)
+        moved = SamplerState(*(getattr(st, f).to(device) for f in SamplerState.__dataclass_fields__))
+        got = rules.apply(logits.to(device), moved).cpu()
+        if device != "cpu":  # the same masks as on the CPU
+            assert torch.equal(torch.isinf(got), torch.isinf(cpu_rules.apply(logits.clone(), st)))
         for row in range(b):
             want = reference(logits[row].tolist(), int(n[row]), int(st.last[row]), int(st.penultimate[row]),
                              int(st.last_timestamp[row]), bool(st.timestamps[row]), tok, suppress, begin)

@@ -1,5 +1,6 @@
 """p95 finalisation latency against concurrent streams, one line per load-test result file.
 
+    pip install -e '.[bench]'    # matplotlib
     python benchmarks/plot_streaming.py OUT.png RESULT.json[=LABEL] ...
 
 Reads `bench_streaming.py` results (their `runs`), draws the p95 (solid) and p50 (dotted)

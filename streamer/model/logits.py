@@ -83,15 +83,15 @@ class LogitRules:
         tok = tokenizer
         self.eot, self.ts_begin = tok.eot, tok.timestamp_begin
         self.no_timestamps = tok.no_timestamps
-        ids = torch.arange(n_vocab, device=device)
         # Control tokens are never sampled: they would derail the transcript.
         specials = [tok.sot, tok.sot_prev, tok.translate, tok.transcribe, tok.no_speech, tok.sot_lm]
         always = set(suppress or tok.non_speech_tokens) | {t for t in specials if t is not None}
         self.suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
         self.suppress[sorted(always)] = True
         self.begin_ids = torch.tensor(sorted(set(begin_suppress or tok.blank_tokens)), device=device)
-        self.late_initial = ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
-        self.ids = ids
+        # The timestamp tokens' ids [1, T], and which of them may not come first (later than 1 s).
+        self.ts_ids = torch.arange(self.ts_begin, n_vocab, device=device)[None]
+        self.late_initial = self.ts_ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
 
     def apply(self, logits: Tensor, st: SamplerState, timestamps: bool = True) -> Tensor:
         """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1).
@@ -125,8 +125,8 @@ class LogitRules:
         logits[:, self.eot:tb].masked_fill_(begin, NEG_INF)
         logits[:, self.no_timestamps].masked_fill_(ts_on[:, 0], NEG_INF)
         ts = logits[:, tb:]
-        decreasing = ts_on & (last_ts >= 0) & (self.ids[None, tb:] < lower)
-        ts.masked_fill_(after_pair | decreasing | (begin & self.late_initial[None, tb:]), NEG_INF)
+        decreasing = ts_on & (last_ts >= 0) & (self.ts_ids < lower)
+        ts.masked_fill_(after_pair | decreasing | (begin & self.late_initial), NEG_INF)
 
         # If the timestamps together are likelier than any other token, a timestamp comes next
         # (compared in logits: log-probabilities differ from them by the same normaliser).

@@ -124,7 +124,8 @@ class Engine:
         device = next(loaded.model.parameters()).device
         slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8,
-                             config.overlap_encoder, config.decode_priority, config.encoder_graphs)
+                             config.overlap_encoder, config.decode_priority, config.encoder_graphs,
+                             config.encoder_sms)
         self.cpu_threads = cpu_threads or torch.get_num_threads()
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         if self.runner.device.type == "cuda":

@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.engine.request import SAMPLE_RATE
+from streamer.engine.sm_partition import green_stream
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
@@ -127,7 +128,7 @@ class StepResult:
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
                  cross_fp8: bool = False, overlap_encoder: bool = False, decode_priority: bool = True,
-                 encoder_graphs: bool = True):
+                 encoder_graphs: bool = True, encoder_sms: int = 0):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -149,7 +150,11 @@ class Runner:
         # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
         # decode steps (memory-bound) of the sequences already live, which go on at their own pace
         # instead of waiting for it; the batch joins them in the first step after its pass is done.
-        self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
+        # With `encoder_sms`, that stream is confined to that many SMs (a green context,
+        # sm_partition.py), so that the steps' kernels always find free SMs beside the pass.
+        self.side = None
+        if overlap_encoder and self.device.type == "cuda":
+            self.side = green_stream(encoder_sms, self.device).stream if encoder_sms else torch.cuda.Stream(self.device)
         # With the side stream, steps run on a stream of higher priority than the side stream
         # (CUDA's default priority is its lowest): whenever SMs free up, the block scheduler
         # dispatches the decode step's small memory-bound kernels before more encoder blocks, so
@@ -467,8 +472,11 @@ class Runner:
         # a graph replays with the workspace of the stream it was captured on. The decoder's graphs
         # are captured on torch's default capture stream; captured there too, an encoder pass on
         # the side stream would share their workspace while a decode step runs beside it.
+        # On an SM partition, captured on its stream: the graph's kernels keep the context of the
+        # stream they were captured on.
         if self.encoder_stream is None:
-            self.encoder_stream = torch.cuda.Stream(self.device)
+            partitioned = isinstance(self.side, torch.cuda.ExternalStream)
+            self.encoder_stream = self.side if partitioned else torch.cuda.Stream(self.device)
         stream = self.encoder_stream
         stream.wait_stream(torch.cuda.current_stream())
         with attention_for("encoder"):  # the backend chosen here is baked into the graph

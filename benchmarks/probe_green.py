@@ -1,6 +1,11 @@
-"""Probe on a CUDA GPU (issue 15): does an encoder pass confined to part of the SMs (a green context,
-`streamer/engine/sm_partition.py`) leave decode steps their pace, and where does a decode step's
-time go?
+"""Probe on a CUDA GPU (issue 15): does an encoder pass confined to part of the SMs (a CUDA green
+context, `green_stream` below) leave decode steps their pace, and where does a decode step's time go?
+
+Measured on the H200 in session 12 (docs/benchmarks.md): it does not pay. A decode step is bound by
+memory bandwidth, which it reaches only with nearly every SM issuing loads: 5 steps of 256 rows beside
+one encoder pass on 96 SMs took 110 ms against 116 ms one after the other, and the engine with the
+encoder so confined ran 256 large-v3 windows at rtf 2,283-2,291 against 2,617 without overlap. So
+this stays a probe (the green-context code lives here, not in the engine).
 
 1. Confinement: an fp16 GEMM on a 16-SM green stream against the whole GPU, eager and as CUDA
    graphs captured on either stream (which context a replayed graph's kernels run in).
@@ -15,12 +20,88 @@ time go?
 from __future__ import annotations
 
 import argparse
+import ctypes
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
 from bench_engine import random_model
 from common import environment, write_json
+
+CU_DEV_RESOURCE_TYPE_SM = 1
+CU_GREEN_CTX_DEFAULT_STREAM = 0x1  # required by cuGreenCtxCreate
+CU_STREAM_NON_BLOCKING = 0x1
+_RESOURCE_BYTES = 1024
+"""Room for one CUdevResource (about 144 bytes in the CUDA 12.4-13.x headers): the driver writes
+it, we only read `sm.smCount` and pass it back."""
+_SM_COUNT_OFFSET = 96
+"""CUdevResource: `type` (4 bytes) and `_internal_padding[92]`, then the union whose first member
+is CUdevSmResource, whose first field is `smCount`."""
+
+
+@dataclass
+class GreenStream:
+    """A stream on `sms` SMs of `device` (`stream` is usable as any torch stream)."""
+
+    stream: torch.cuda.ExternalStream
+    sms: int
+    device: torch.device
+    _context: ctypes.c_void_p  # CUgreenCtx, kept for the process's life (see `green_stream`)
+
+
+_made: dict[tuple[int, int, int], GreenStream] = {}
+
+
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check(lib: ctypes.CDLL, result: int, what: str) -> None:
+    if result != 0:
+        message = ctypes.c_char_p()
+        lib.cuGetErrorString(result, ctypes.byref(message))
+        raise RuntimeError(f"{what} failed: CUDA driver error {result} ({(message.value or b'?').decode()})")
+
+
+def green_stream(num_sms: int, device: torch.device | str | int = "cuda", priority: int = 0) -> GreenStream:
+    """A stream in a green context of at least `num_sms` SMs of `device` (the driver rounds up to
+    its partition granularity: 8 SMs on Hopper). Made once per (device, SMs, priority) in a process
+    and then shared: engines made one after another in one process (tests, benchmarks) reuse it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"SM partitions need a CUDA device, not {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).multi_processor_count
+    if not 0 < num_sms < total:
+        raise ValueError(f"an SM partition takes between 1 and {total - 1} of the {total} SMs, not {num_sms}")
+    key = (index, num_sms, priority)
+    if key in _made:
+        return _made[key]
+    torch.cuda.init()
+    torch.cuda.synchronize(index)  # the primary context exists and is current (cuInit done)
+    lib = _driver()
+    dev = ctypes.c_int()
+    _check(lib, lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+    whole = ctypes.create_string_buffer(_RESOURCE_BYTES)
+    part = ctypes.create_string_buffer(_RESOURCE_BYTES)
+    rest = ctypes.create_string_buffer(_RESOURCE_BYTES)
+    _check(lib, lib.cuDeviceGetDevResource(dev, whole, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
+    groups = ctypes.c_uint(1)
+    _check(lib, lib.cuDevSmResourceSplitByCount(part, ctypes.byref(groups), whole, rest, 0, num_sms),
+           "cuDevSmResourceSplitByCount")
+    sms = ctypes.c_uint.from_buffer(part, _SM_COUNT_OFFSET).value
+    desc = ctypes.c_void_p()
+    _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), part, 1), "cuDevResourceGenerateDesc")
+    context = ctypes.c_void_p()
+    _check(lib, lib.cuGreenCtxCreate(ctypes.byref(context), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
+    handle = ctypes.c_void_p()
+    _check(lib, lib.cuGreenCtxStreamCreate(ctypes.byref(handle), context, CU_STREAM_NON_BLOCKING, priority),
+           "cuGreenCtxStreamCreate")
+    made = GreenStream(torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index)), sms,
+                       torch.device("cuda", index), context)
+    _made[key] = made
+    return made
 
 
 def cuda_ms(fn, stream=None, n: int = 10) -> float:
@@ -113,7 +194,6 @@ def main() -> None:
     from streamer.config import EngineConfig
     from streamer.engine.engine import Engine
     from streamer.engine.runner import attention_for
-    from streamer.engine.sm_partition import green_stream
 
     result = {"command": f"python benchmarks/probe_green.py --shape {args.shape} --preset {args.preset} "
                          f"--rows {args.rows} --encoder-sms {args.encoder_sms}", "environment": environment()}

@@ -11,8 +11,8 @@ number of tokens each, all submitted at once), run twice after a warm-up at the 
     python benchmarks/profile_engine.py --tokenizer T.json --audio clips.npz \
         --runs large-v3:full_fp16,large-v3:mixed_fp8,large-v3-turbo:mixed_fp8 --windows 256
 
-A run `shape:preset:overlap` has the encoder on its own stream (`OVERLAP_ENCODER`); `shape:preset:smsN`
-has it on its own stream confined to N SMs (`ENCODER_SMS`, `engine/sm_partition.py`).
+A run `shape:preset:overlap` has the encoder on its own stream (`OVERLAP_ENCODER`); `shape:preset:sync`
+reads each decode step back before the next is launched (`ASYNC_STEPS=0`).
 """
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def profile(shape: str, precision: str, n: int, tokens: int, tokenizer: str, window: np.ndarray,
-            overlap: bool = False, encoder_sms: int = 0) -> dict:
+            overlap: bool = False, async_steps: bool | None = None) -> dict:
     from streamer.config import EngineConfig
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
 
     engine = Engine(random_model(shape, tokenizer), EngineConfig(max_slots=n, max_encoder_batch=16,
-                                                                 overlap_encoder=overlap, encoder_sms=encoder_sms),
+                                                                 overlap_encoder=overlap, async_steps=async_steps),
                     precision=None if precision == "none" else precision)
     options = DecodeOptions(language="en", temperatures=(0.0,), max_new_tokens=tokens)
     loop = asyncio.new_event_loop()
@@ -95,7 +95,7 @@ def profile(shape: str, precision: str, n: int, tokens: int, tokenizer: str, win
 
     admit = [c for c in calls if c[0]]
     decode_only = [c for c in calls if not c[0]]
-    row = {"shape": shape, "precision": precision, "overlap": overlap, "encoder_sms": encoder_sms, "windows": n, "wall_s": wall, "rtf": n * len(window) / 16000 / wall,
+    row = {"shape": shape, "precision": precision, "overlap": overlap, "async_steps": engine.runner.async_steps, "windows": n, "wall_s": wall, "rtf": n * len(window) / 16000 / wall,
            "steps": len(calls), "admission_steps": len(admit),
            "admission_steps_s": sum(c[2] for c in admit), "of_which_admit_s": sum(c[3] for c in admit),
            "of_which_decode_s": sum(c[4] for c in admit),
@@ -165,13 +165,11 @@ def main() -> None:
     window = np.concatenate([data[k].astype(np.float32) for k in sorted(data.files)])[: 30 * 16000]
     rows = []
     for run in args.runs.split(","):
-        # large-v3:mixed_fp8:overlap = OVERLAP_ENCODER on; :sms96 = the encoder on 96 SMs (ENCODER_SMS)
-        shape, precision, *flags = run.split(":")
-        sms = next((int(f[3:]) for f in flags if f.startswith("sms")), 0)
-        row = profile(shape, precision, args.windows, args.tokens, args.tokenizer, window,
-                      overlap="overlap" in flags or sms > 0, encoder_sms=sms)
+        shape, precision, *flags = run.split(":")  # large-v3:mixed_fp8:overlap = OVERLAP_ENCODER on
+        row = profile(shape, precision, args.windows, args.tokens, args.tokenizer, window, overlap="overlap" in flags,
+                      async_steps=False if "sync" in flags else None)
         rows.append(row)
-        print(table([row], ["shape", "precision", "overlap", "encoder_sms", "windows", "wall_s", "rtf", "steps", "admission_steps",
+        print(table([row], ["shape", "precision", "overlap", "async_steps", "windows", "wall_s", "rtf", "steps", "admission_steps",
                             "admission_steps_s", "of_which_admit_s", "of_which_decode_s", "decode_only_steps_s",
                             "outside_steps_s", "full_step_ms", "profiled_wall_s", "gpu_busy_s", "gpu_idle_s"]), flush=True)
         print("kernel seconds by kind:", {k: round(v, 3) for k, v in row["kernel_s_by_kind"].items()})

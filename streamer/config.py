@@ -60,10 +60,9 @@ class EngineConfig:
     decode_priority: bool = True
     """With `overlap_encoder`: decode steps on a CUDA stream of higher priority than the encoder's,
     so the encoder pass beside them yields SMs to their kernels (docs/benchmarks.md, issue 14)."""
-    encoder_sms: int = 0
-    """With `overlap_encoder`: the encoder pass runs on this many SMs only (a CUDA green context,
-    `engine/sm_partition.py`; rounded up to the driver's granularity), the decode steps on all;
-    0: no partition."""
+    async_steps: bool | None = None
+    """Launch each decode step before reading the previous one back, so that the host's work
+    between steps runs beside the GPU's (`Runner.async_steps`). None: on with CUDA graphs."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +234,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "ENCODER_GRAPHS": ("engine", "encoder_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
     "DECODE_PRIORITY": ("engine", "decode_priority"),
-    "ENCODER_SMS": ("engine", "encoder_sms"),
+    "ASYNC_STEPS": ("engine", "async_steps"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
     "PARTIAL_INTERVAL_MAX_S": ("streaming", "partial_interval_max_s"),
     "FINAL_BUDGET_S": ("streaming", "final_budget_s"),

@@ -530,3 +530,52 @@ def test_a_batch_in_its_encoder_pass_survives_releases_in_two_steps():
     batch.release({"a"})
     batch.release({"b", "x"})
     assert batch.requests == [None, None, reqs[2]]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_steps_launched_before_the_last_is_read_change_no_token(manifest, device):
+    """EngineConfig.async_steps: each decode step is queued before the one before it is read back
+    (a sequence that ended is decoded once more, for nothing). Windows arriving while others decode,
+    a beam search (which turns it off while live), a seeded sampled window and a cancelled one give
+    the tokens of the synchronous engine."""
+    loaded = load_model("tiny.en", device, torch.float32 if device == "cpu" else torch.float16)
+    audios = _pick(manifest, "en", 7, skip=20)
+    jobs = [(a, DecodeOptions(language="en", temperatures=(0.0,))) for a in audios[:5]]
+    jobs += [(audios[5], DecodeOptions(language="en", temperatures=(0.7,))),
+             (audios[6], DecodeOptions(language="en", beam_size=3, temperatures=(0.0,)))]
+
+    async def main(engine):
+        async def one(i, audio, options):
+            await asyncio.sleep(0.02 * i)
+            return await engine.transcribe(audio, options)
+        doomed = asyncio.ensure_future(engine.transcribe(audios[0], DecodeOptions(language="en")))
+        results = await asyncio.gather(*(one(i, a, o) for i, (a, o) in enumerate(jobs)))
+        doomed.cancel()
+        return results
+
+    results, launched = {}, {}
+    for flag in (False, True):
+        engine = Engine(loaded, EngineConfig(max_slots=16, async_steps=flag))
+        runner, count = engine.runner, [0]
+        decode_async = runner._decode_async
+
+        def counted(out, decode_async=decode_async, count=count):
+            count[0] += 1
+            return decode_async(out)
+
+        runner._decode_async = counted
+        try:
+            results[flag] = asyncio.run(main(engine))
+        finally:
+            engine.close()
+        launched[flag] = count[0]
+        assert runner.in_flight is None  # nothing left unread once every window is done
+    assert launched[False] == 0 and launched[True] >= 5
+    tb = loaded.tokenizer.timestamp_begin
+    for got, want in zip(results[True], results[False], strict=True):
+        assert got.text and got.temperature == want.temperature
+        if device == "cpu":
+            assert got.tokens == want.tokens
+        else:  # fp16 GEMMs round per batch size, and batches form as the engine thread finds them
+            assert [t for t in got.tokens if t < tb] == [t for t in want.tokens if t < tb]

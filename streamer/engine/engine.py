@@ -125,7 +125,7 @@ class Engine:
         slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8,
                              config.overlap_encoder, config.decode_priority, config.encoder_graphs,
-                             config.encoder_sms)
+                             config.async_steps)
         self.cpu_threads = cpu_threads or torch.get_num_threads()
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         if self.runner.device.type == "cuda":

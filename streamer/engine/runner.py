@@ -19,7 +19,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.engine.request import SAMPLE_RATE
-from streamer.engine.sm_partition import green_stream
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
@@ -116,6 +115,17 @@ class _EncoderGraph:
 
 
 @dataclass
+class _InFlight:
+    """A decode step launched but not yet read back (`Runner.async_steps`): the sequences of its
+    rows, in row order at launch, and its tokens and log-probabilities on their way to the host."""
+
+    seqs: list[Sequence]
+    tokens: torch.Tensor  # [n] int64, pinned host memory, valid once `done` has passed
+    logprobs: torch.Tensor  # [n] float32, likewise
+    done: torch.cuda.Event | None  # None on the CPU
+
+
+@dataclass
 class StepResult:
     encoded: list[str] = field(default_factory=list)
     encoding: list[str] = field(default_factory=list)  # still in their encoder pass (side stream)
@@ -128,7 +138,7 @@ class StepResult:
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
                  cross_fp8: bool = False, overlap_encoder: bool = False, decode_priority: bool = True,
-                 encoder_graphs: bool = True, encoder_sms: int = 0):
+                 encoder_graphs: bool = True, async_steps: bool | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -147,14 +157,18 @@ class Runner:
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.use_encoder_graphs = self.use_graphs and encoder_graphs
+        # Each decode step launched before the previous one is read back: the host's bookkeeping
+        # of step N (tokens to requests, finished rows, the scheduler's next plan) runs while the
+        # GPU runs step N + 1, instead of the GPU waiting for it (~1.5 ms a step at 256 large-v3
+        # windows, 11 % of the step; docs/benchmarks.md, session 12). A sequence that ended at step
+        # N is decoded once more, for nothing. Not with a beam search live (its next step depends on
+        # the host's choice of beams). Default: on with CUDA graphs; on the CPU the step is the host.
+        self.async_steps = self.use_graphs if async_steps is None else async_steps
+        self.in_flight: _InFlight | None = None
         # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
         # decode steps (memory-bound) of the sequences already live, which go on at their own pace
         # instead of waiting for it; the batch joins them in the first step after its pass is done.
-        # With `encoder_sms`, that stream is confined to that many SMs (a green context,
-        # sm_partition.py), so that the steps' kernels always find free SMs beside the pass.
-        self.side = None
-        if overlap_encoder and self.device.type == "cuda":
-            self.side = green_stream(encoder_sms, self.device).stream if encoder_sms else torch.cuda.Stream(self.device)
+        self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
         # With the side stream, steps run on a stream of higher priority than the side stream
         # (CUDA's default priority is its lowest): whenever SMs free up, the block scheduler
         # dispatches the decode step's small memory-bound kernels before more encoder blocks, so
@@ -214,11 +228,17 @@ class Runner:
             out.encode_s = time.perf_counter() - t0
         if self.slots:
             t0 = time.perf_counter()
-            n = len(self.slots)
-            any_hot = any(s.request.temperature > 0 for s in self.slots)
-            tokens, logprobs, top = self._decode(n, any_hot)  # copies to the host wait for this stream only
-            self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
+            if self.async_steps and not any(s.group is not None for s in self.slots):
+                self._decode_async(out)
+            else:
+                self._finish_in_flight(out)
+                if self.slots:
+                    n = len(self.slots)
+                    tokens, logprobs, top = self._decode(n)  # copies to the host wait for this stream only
+                    self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
             out.decode_s = time.perf_counter() - t0
+        else:
+            self._finish_in_flight(out)  # nothing live: what it decoded was for sequences that ended
         t0 = time.perf_counter()
         if encode:
             self._admit(encode, out)
@@ -264,6 +284,45 @@ class Runner:
         """Drop every live sequence and encoder pass (after a failed step: the scheduler fails them)."""
         self.slots.clear()
         self.encoding.clear()
+        self.in_flight = None
+
+    def _decode_async(self, out: StepResult) -> None:
+        """Launch a decode step over the live rows, then read back and record the step before it
+        (its tokens are for the sequences that were live then; those ended or released since are
+        skipped). The new step stays in flight until the next call."""
+        n = len(self.slots)
+        tokens, logprobs, _ = self._launch(n)
+        cuda = self.device.type == "cuda"  # (on the CPU, for tests: the step is done already)
+        host_tokens = torch.empty(n, dtype=torch.long, pin_memory=cuda)
+        host_logprobs = torch.empty(n, dtype=torch.float32, pin_memory=cuda)
+        host_tokens.copy_(tokens[:n], non_blocking=cuda)
+        host_logprobs.copy_(logprobs[:n], non_blocking=cuda)  # before the next step overwrites them
+        done = None
+        if cuda:
+            done = torch.cuda.Event()
+            done.record()
+        launched = _InFlight(list(self.slots), host_tokens, host_logprobs, done)
+        self._finish_in_flight(out)
+        # Every sequence of the new step ended at the one before: its tokens are nobody's.
+        self.in_flight = launched if self.slots else None
+
+    def _finish_in_flight(self, out: StepResult) -> None:
+        """Record the step in flight, if any: wait for its copies, take the tokens of its sequences
+        that are still live (rows as they are now), remove the rows that end."""
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            return
+        if flight.done is not None:
+            flight.done.synchronize()
+        row_of = {id(s): i for i, s in enumerate(self.slots)}
+        rows, tokens, logprobs = [], [], []
+        for seq, token, logprob in zip(flight.seqs, flight.tokens.tolist(), flight.logprobs.tolist()):
+            row = row_of.get(id(seq))
+            if row is not None:
+                rows.append(row)
+                tokens.append(token)
+                logprobs.append(logprob)
+        self._record(rows, tokens, logprobs, None, out)
 
     def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], top, out: StepResult) -> None:
         finished = []
@@ -380,21 +439,31 @@ class Runner:
             self.graphs[b] = self._capture(b)
         return self.graphs[b]
 
-    def _decode(self, n: int, any_hot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(self, n: int) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+        """One decode step over rows [0, n), read back: tokens, log-probabilities, top candidates."""
+        tokens, logprobs, top = self._launch(n)
+        return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(top, n)
+
+    def _launch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """Queue one decode step over rows [0, n) (a graph replay, or eager without graphs); its
+        outputs on the device cover at least n rows (a graph's until its next replay)."""
+        any_hot = any(s.request.temperature > 0 for s in self.slots)
         if not self.use_graphs:
             noise = self._noise(torch.full((n, self.dims.n_vocab), 0.5, device=self.device), self.slots) if any_hot else None
-            kv_len = max(len(s.initial) + len(s.tokens) for s in self.slots)  # > every row's position
+            # Past every row's position (a sequence that ended at an unread step is one ahead).
+            kv_len = min(max(len(s.initial) + len(s.tokens) for s in self.slots) + (self.in_flight is not None),
+                         self.dims.n_text_ctx)
             timestamps = any(s.request.options.timestamps for s in self.slots)
             beams = any(s.group is not None for s in self.slots)
             with attention_for("eager_step"):
                 tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps, beams)
-            return tokens.cpu(), logprobs.float().cpu(), self._top_to_host(top, n)
+            return tokens, logprobs, top
         b = min(self.bucket(n), self.n_slots)
         graph, tokens, logprobs, top = self._graph(b)
         if any_hot:
             self._noise(self.noise[:b], self.slots)
         graph.replay()
-        return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(top, n)
+        return tokens, logprobs, top
 
     @staticmethod
     def _noise(noise: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -472,11 +541,8 @@ class Runner:
         # a graph replays with the workspace of the stream it was captured on. The decoder's graphs
         # are captured on torch's default capture stream; captured there too, an encoder pass on
         # the side stream would share their workspace while a decode step runs beside it.
-        # On an SM partition, captured on its stream: the graph's kernels keep the context of the
-        # stream they were captured on.
         if self.encoder_stream is None:
-            partitioned = isinstance(self.side, torch.cuda.ExternalStream)
-            self.encoder_stream = self.side if partitioned else torch.cuda.Stream(self.device)
+            self.encoder_stream = torch.cuda.Stream(self.device)
         stream = self.encoder_stream
         stream.wait_stream(torch.cuda.current_stream())
         with attention_for("encoder"):  # the backend chosen here is baked into the graph

@@ -61,8 +61,9 @@ class EngineConfig:
     """With `overlap_encoder`: decode steps on a CUDA stream of higher priority than the encoder's,
     so the encoder pass beside them yields SMs to their kernels (docs/benchmarks.md, issue 14)."""
     async_steps: bool | None = None
-    """Launch each decode step before reading the previous one back, so that the host's work
-    between steps runs beside the GPU's (`Runner.async_steps`). None: on with CUDA graphs."""
+    """While only file windows decode, launch each decode step before reading the previous one
+    back, so that the host's work between steps runs beside the GPU's (`Runner.async_steps`;
+    measured in docs/benchmarks.md, session 12). None: on with CUDA graphs."""
 
 
 @dataclass(frozen=True)

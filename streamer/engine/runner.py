@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
-from streamer.engine.request import SAMPLE_RATE
+from streamer.engine.request import SAMPLE_RATE, Priority
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState
 from streamer.model.weights import LoadedModel
@@ -157,12 +157,14 @@ class Runner:
         self.slots: list[Sequence] = []
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.use_encoder_graphs = self.use_graphs and encoder_graphs
-        # Each decode step launched before the previous one is read back: the host's bookkeeping
-        # of step N (tokens to requests, finished rows, the scheduler's next plan) runs while the
-        # GPU runs step N + 1, instead of the GPU waiting for it (~1.5 ms a step at 256 large-v3
-        # windows, 11 % of the step; docs/benchmarks.md, session 12). A sequence that ended at step
-        # N is decoded once more, for nothing. Not with a beam search live (its next step depends on
-        # the host's choice of beams). Default: on with CUDA graphs; on the CPU the step is the host.
+        # File windows' decode steps are launched before the previous one is read back: the host's
+        # bookkeeping of step N (tokens to requests, finished rows, the scheduler's next plan) runs
+        # while the GPU runs step N + 1, instead of the GPU waiting for it (~1.5 ms a step at 256
+        # large-v3 windows: rtf +5 %, docs/benchmarks.md, session 12). A sequence that ended at step
+        # N is decoded once more, for nothing, and its result comes a step later: not while a live
+        # window decodes (1,000 tiny.en streams, H200: p95 finalisation 1.25 s with it, 1.14 s
+        # without, same call), nor with a beam search live (its next step depends on the host's
+        # choice of beams). Default: on with CUDA graphs; on the CPU the step is the host.
         self.async_steps = self.use_graphs if async_steps is None else async_steps
         self.in_flight: _InFlight | None = None
         # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
@@ -228,7 +230,7 @@ class Runner:
             out.encode_s = time.perf_counter() - t0
         if self.slots:
             t0 = time.perf_counter()
-            if self.async_steps and not any(s.group is not None for s in self.slots):
+            if self.async_steps and all(s.group is None and s.request.priority == Priority.FILE for s in self.slots):
                 self._decode_async(out)
             else:
                 self._finish_in_flight(out)

@@ -43,6 +43,11 @@ WAVES = 2  # fp16: split until B*H*splits reaches WAVES x SMs programs (B=1: 12 
 WAVES_FP8 = 4
 BLOCK_T_FP8 = 64
 WAVES_FP8_HEAD = 8  # FP8 with one scale per (slot, head), BLOCK_T 128: the 2026-11-30 sweep's rule
+# fp16 K/V is the engine's self-attention: rows of 1 to ~230 valid positions in a 448-position
+# cache (prompt + sampled tokens), one launch for every length under CUDA graphs. BLOCK_T x warps,
+# swept by benchmarks/sweep_self_attention.py; STREAMER_FP16_ATTN_LAUNCH="32x2" overrides (the
+# sweep's rerun of the engine with its winner).
+BLOCK_T_FP16, NUM_WARPS_FP16 = (int(x) for x in os.environ.get("STREAMER_FP16_ATTN_LAUNCH", "128x4").split("x"))
 SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
 CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
 PREFETCH = False  # K/V of the next tile loaded before this tile's math (registers): A/B pending
@@ -191,7 +196,7 @@ def decode_attention_reference(
     return torch.einsum("bht,bhtd->bhd", probs, vf).to(q.dtype)
 
 
-def choose_num_splits(batch_heads: int, max_len: int, sms: int, waves: int = WAVES) -> int:
+def choose_num_splits(batch_heads: int, max_len: int, sms: int, waves: int = WAVES, block_t: int = BLOCK_T) -> int:
     """Splits of the position axis per (row, head), each a whole number of BLOCK_T tiles.
 
     Decode attention is bound by reading K/V, and HBM needs many loads in flight: the grid should
@@ -199,7 +204,7 @@ def choose_num_splits(batch_heads: int, max_len: int, sms: int, waves: int = WAV
     batches split T, down to one tile per split (cross-attention at B=1: 12 splits of 128).
     Depends only on shapes, not on the lengths' values, so the launch is fixed under CUDA graphs.
     """
-    tiles = max(1, -(-max_len // BLOCK_T))
+    tiles = max(1, -(-max_len // block_t))
     wanted = -(-waves * sms // batch_heads)
     splits = max(1, min(wanted, tiles, MAX_SPLITS))
     chunk_tiles = -(-tiles // splits)
@@ -210,8 +215,10 @@ def choose_launch(batch_heads: int, max_len: int, sms: int, kv: str = "fp16") ->
     """(splits, BLOCK_T) that decode_attention_triton picks for a cache of kind `kv`: "fp16" (or
     bf16), "fp8" (a scale per (slot, head)) or "fp8tile" (a scale per 128-position tile: the
     engine's cross cache; the whole launch is choose_fp8_tile_launch's)."""
+    if kv == "fp16":
+        return choose_num_splits(batch_heads, max_len, sms, WAVES, BLOCK_T_FP16), BLOCK_T_FP16
     if kv != "fp8tile":
-        return choose_num_splits(batch_heads, max_len, sms, WAVES if kv == "fp16" else WAVES_FP8_HEAD), BLOCK_T
+        return choose_num_splits(batch_heads, max_len, sms, WAVES_FP8_HEAD), BLOCK_T
     launch = choose_fp8_tile_launch(batch_heads, max_len, sms)
     return launch.splits, launch.block_t
 
@@ -317,7 +324,8 @@ def decode_attention_triton(
         else:
             kind = "fp16" if k_scale is None else "fp8"
             splits0, block_t0 = choose_launch(B * H, T, sms, kind)
-            launch = Launch("v6", splits0, block_t0, NUM_WARPS, 0, False, CONST_STRIDES)
+            warps = NUM_WARPS_FP16 if kind == "fp16" else NUM_WARPS
+            launch = Launch("v6", splits0, block_t0, warps, 0, False, CONST_STRIDES)
     if launch.splits == 0 and num_splits is None:  # a given launch with an automatic split count
         auto = (auto_fp8_tile_splits(B * H, T, sms) if tile_scale
                 else choose_launch(B * H, T, sms, "fp16" if k_scale is None else "fp8")[0])

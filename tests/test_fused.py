@@ -100,3 +100,26 @@ def test_fp8_cross_cache_has_a_scale_per_tile():
     assert cache.layers[0].cross_k_scale.shape == cache.layers[-1].cross_v_scale.shape == (3, dims.n_text_head, tiles)
     k, v, ks, vs = cache.layers[0].cross(slice(1, 3))
     assert ks.shape == (2, dims.n_text_head, tiles) and k.dtype == v.dtype
+
+
+def test_a_padded_vocabulary_gives_the_same_logits_and_stores_the_embedding_once():
+    """with_padded_vocabulary (what apply_precision does): a multilingual vocabulary (51,865) is
+    padded to 51,904 rows for the projection's GEMM; the token embedding is a view of that buffer,
+    the logits are the plain decoder's, and an aligned vocabulary (tiny.en's 51,864) is left alone."""
+    from streamer.model.fused import PaddedTiedProjection, with_padded_vocabulary
+    from streamer.model.shapes import random_weights
+
+    model = random_weights("tiny", "cpu", torch.float32)
+    decoder = model.decoder
+    assert decoder.dims.n_vocab % 8 != 0
+    padded = with_padded_vocabulary(decoder)
+    assert isinstance(padded.proj, PaddedTiedProjection) and padded.proj.padded.shape[0] % 64 == 0
+    assert padded.token_embedding.weight.data_ptr() == padded.proj.padded.data_ptr()  # one copy
+    assert decoder.proj is not padded.proj and decoder.token_embedding is not padded.token_embedding  # original kept
+    hidden = torch.randn(3, 5, decoder.dims.n_text_state)
+    assert torch.equal(padded.logits(hidden), decoder.logits(hidden))
+    tokens = torch.randint(0, decoder.dims.n_vocab, (2, 7))
+    assert torch.equal(padded.token_embedding(tokens), decoder.token_embedding(tokens))
+    english = load_model("tiny.en").model.decoder
+    assert with_padded_vocabulary(english) is english
+    assert isinstance(apply_precision(model, get_preset("full_fp16")).decoder.proj, PaddedTiedProjection)

@@ -20,7 +20,7 @@ from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.engine.request import SAMPLE_RATE, Priority
 from streamer.model.decoding import attempt_seed
-from streamer.model.logits import LogitRules, SamplerState
+from streamer.model.logits import LogitRules, SamplerState, gumbel_
 from streamer.model.weights import LoadedModel
 from streamer.model.cpu_linear import with_half_weights
 from streamer.model.whisper import KVCache
@@ -181,7 +181,8 @@ class Runner:
         self.encoder_graphs: dict[int, _EncoderGraph] = {}  # by batch size, captured by `warm_encoder`
         self.encoder_pool = None
         self.encoder_stream = None  # the encoder graphs' capture stream
-        self.noise = None
+        self.gumbel = None  # [slots, V] Gumbel draws of the sampled rows: the captured steps' input
+        self.logprobs = None  # [slots, V] every token's log-probability: the captured steps' output
         self.pool = None
         lang_ids = sorted(self.tok.language_tokens.values())
         self.language_ids = torch.tensor(lang_ids, device=self.device)
@@ -409,17 +410,16 @@ class Runner:
 
     # --- decoder step -------------------------------------------------------------------------------
 
-    def _decode_rows(self, b: int, noise, kv_len: int | None = None, timestamps: bool = True,
-                     beams: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_rows(self, b: int, gumbel, kv_len: int | None = None, timestamps: bool = True,
+                     logprobs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dec = self.model.decoder
         hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len)
-        tokens, logprobs, top = self.rules.sample(dec.logits(hidden[:, -1]), self.state, noise, timestamps,
-                                                  TOPK if beams else 0)
+        tokens, logprobs, every = self.rules.sample(dec.logits(hidden[:, -1]), self.state, gumbel, timestamps, logprobs_out)
         self.state.advance(tokens, self.tok.timestamp_begin)
         self.tokens_in[:b] = tokens
         # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.
         self.positions[:b] = (self.positions[:b] + 1).clamp_max(self.dims.n_text_ctx - 1)
-        return tokens, logprobs, top
+        return tokens, logprobs, every
 
     def bucket(self, n: int) -> int:
         """The captured batch size that runs a step of n live sequences."""
@@ -435,53 +435,55 @@ class Runner:
                     self._graph(b)
 
     def _graph(self, b: int):
-        if self.noise is None:
-            self.noise = torch.full((self.n_slots, self.dims.n_vocab), 0.5, device=self.device)
+        if self.gumbel is None:
+            self.gumbel = torch.zeros(self.n_slots, self.dims.n_vocab, device=self.device)
+            self.logprobs = torch.zeros(self.n_slots, self.dims.n_vocab, device=self.device)
         if b not in self.graphs:
             self.graphs[b] = self._capture(b)
         return self.graphs[b]
 
     def _decode(self, n: int) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """One decode step over rows [0, n), read back: tokens, log-probabilities, top candidates."""
-        tokens, logprobs, top = self._launch(n)
-        return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(top, n)
+        tokens, logprobs, every = self._launch(n)
+        return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(every, n)
 
     def _launch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-        """Queue one decode step over rows [0, n) (a graph replay, or eager without graphs); its
-        outputs on the device cover at least n rows (a graph's until its next replay)."""
+        """Queue one decode step over rows [0, n) (a graph replay, or eager without graphs): tokens,
+        their log-probabilities and every token's, on the device, covering at least n rows (a
+        graph's until its next replay)."""
         any_hot = any(s.request.temperature > 0 for s in self.slots)
         if not self.use_graphs:
-            noise = self._noise(torch.full((n, self.dims.n_vocab), 0.5, device=self.device), self.slots) if any_hot else None
+            gumbel = self._gumbel(torch.zeros(n, self.dims.n_vocab, device=self.device), self.slots) if any_hot else None
             # Past every row's position (a sequence that ended at an unread step is one ahead).
             kv_len = min(max(len(s.initial) + len(s.tokens) for s in self.slots) + (self.in_flight is not None),
                          self.dims.n_text_ctx)
             timestamps = any(s.request.options.timestamps for s in self.slots)
-            beams = any(s.group is not None for s in self.slots)
             with attention_for("eager_step"):
-                tokens, logprobs, top = self._decode_rows(n, noise, kv_len, timestamps, beams)
-            return tokens, logprobs, top
+                return self._decode_rows(n, gumbel, kv_len, timestamps)
         b = min(self.bucket(n), self.n_slots)
-        graph, tokens, logprobs, top = self._graph(b)
+        graph, tokens, logprobs, every = self._graph(b)
         if any_hot:
-            self._noise(self.noise[:b], self.slots)
+            self._gumbel(self.gumbel[:b], self.slots)
         graph.replay()
-        return tokens, logprobs, top
+        return tokens, logprobs, every
 
     @staticmethod
-    def _noise(noise: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Fill `noise` [B, V] with uniform draws, each sampled row's from its own sequence's
-        generator, so that a request's samples do not depend on what else shares the step (rows
-        decoded greedily ignore theirs)."""
-        for row, seq in enumerate(seqs[:noise.shape[0]]):
+    def _gumbel(gumbel: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Fill the rows of `gumbel` [B, V] that sample with Gumbel draws, each from its own
+        sequence's generator, so that a request's samples do not depend on what else shares the
+        step (rows decoded greedily ignore theirs)."""
+        for row, seq in enumerate(seqs[:gumbel.shape[0]]):
             if seq.generator is not None:
-                noise[row].uniform_(generator=seq.generator)
-        return noise
+                gumbel_(gumbel[row], seq.generator)
+        return gumbel
 
-    def _top_to_host(self, top, n: int):
-        """Top candidates per row, copied only when a beam search is live (else None)."""
+    def _top_to_host(self, every: torch.Tensor, n: int):
+        """Top TOPK (log-probabilities, ids) per row from every token's log-probabilities [>= n, V],
+        taken and copied only when a beam search is live (else None)."""
         if not any(s.group is not None for s in self.slots):
             return None
-        return top[0][:n].float().cpu(), top[1][:n].cpu()
+        top_lp, top_ids = every[:n].topk(TOPK, dim=-1)
+        return top_lp.float().cpu(), top_ids.cpu()
 
     def _capture(self, b: int):
         """Capture one decoder step over rows [0, b) as a CUDA graph (state saved and restored)."""
@@ -492,18 +494,18 @@ class Runner:
         with attention_for("graph_step"):  # the backend chosen here is baked into the graph
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up outside the graph (allocations, kernel selection, cuDNN plans)
-                    self._decode_rows(b, self.noise[:b])
+                    self._decode_rows(b, self.gumbel[:b], logprobs_out=self.logprobs[:b])
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):  # one pool for every bucket
-                tokens, logprobs, top = self._decode_rows(b, self.noise[:b])
+                tokens, logprobs, every = self._decode_rows(b, self.gumbel[:b], logprobs_out=self.logprobs[:b])
         self.tokens_in.copy_(saved[0])
         self.positions.copy_(saved[1])
         for f, t in zip(self.state.__dataclass_fields__, saved[2:]):
             getattr(self.state, f).copy_(t)
-        return graph, tokens, logprobs, top
+        return graph, tokens, logprobs, every
 
     # --- admission: encoder, language detection, prefill ---------------------------------------------
 
@@ -650,16 +652,18 @@ class Runner:
             if r.options.prefix_tokens:
                 self.state.follow(lo + i, list(r.options.prefix_tokens), self.tok.timestamp_begin)
         hot = any(r.temperature > 0 for r in requests)
-        noise = self._noise(torch.full((k, self.dims.n_vocab), 0.5, device=self.device), seqs) if hot else None
-        sampled, logprobs, top = self.rules.sample(logits, self.state.rows(rs), noise,
-                                                   any(r.options.timestamps for r in requests), TOPK)
+        gumbel = self._gumbel(torch.zeros(k, self.dims.n_vocab, device=self.device), seqs) if hot else None
+        sampled, logprobs, every = self.rules.sample(logits, self.state.rows(rs), gumbel,
+                                                     any(r.options.timestamps for r in requests))
         self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)
         self.tokens_in[rs] = sampled
         self.positions[rs] = torch.tensor([len(s.initial) for s in seqs], device=self.device)
         self.slots.extend(seqs)
-        beams = any(s.group is not None for s in seqs)
-        top = (torch.cat([torch.zeros(lo, TOPK), top[0].float().cpu()]),
-               torch.cat([torch.zeros(lo, TOPK, dtype=torch.long), top[1].cpu()])) if beams else None
+        top = None
+        if any(s.group is not None for s in seqs):  # rows of `_record` count from 0: pad the ones before lo
+            top_lp, top_ids = every.topk(TOPK, dim=-1)
+            top = (torch.cat([torch.zeros(lo, TOPK), top_lp.float().cpu()]),
+                   torch.cat([torch.zeros(lo, TOPK, dtype=torch.long), top_ids.cpu()]))
         self._record(list(range(lo, lo + k)), sampled.tolist(), logprobs.float().tolist(), top, out)
 
     def _detects(self, requests: list) -> bool:

@@ -44,10 +44,12 @@ WAVES_FP8 = 4
 BLOCK_T_FP8 = 64
 WAVES_FP8_HEAD = 8  # FP8 with one scale per (slot, head), BLOCK_T 128: the 2026-11-30 sweep's rule
 # fp16 K/V is the engine's self-attention: rows of 1 to ~230 valid positions in a 448-position
-# cache (prompt + sampled tokens), one launch for every length under CUDA graphs. BLOCK_T x warps,
-# swept by benchmarks/sweep_self_attention.py; STREAMER_FP16_ATTN_LAUNCH="32x2" overrides (the
-# sweep's rerun of the engine with its winner).
-BLOCK_T_FP16, NUM_WARPS_FP16 = (int(x) for x in os.environ.get("STREAMER_FP16_ATTN_LAUNCH", "128x4").split("x"))
+# cache (prompt + sampled tokens), one launch for every length under CUDA graphs. BLOCK_T 32 with
+# one warp: the fastest in sum over B = 16-256 and lengths <= 32 / 104 / 224 in the H200 sweep of
+# session 12 (benchmarks/sweep_self_attention.py; raw results/sweep_self_attention_s12_h200.json):
+# 181 µs against 285 for BLOCK_T 128 x 4 warps, 23 against 45 µs at B=256, lengths <= 104 (a short
+# row no longer holds a 128-position tile in registers). STREAMER_FP16_ATTN_LAUNCH="64x2" overrides.
+BLOCK_T_FP16, NUM_WARPS_FP16 = (int(x) for x in os.environ.get("STREAMER_FP16_ATTN_LAUNCH", "32x1").split("x"))
 SCALE_TILE = 128  # positions per scale of a tiled FP8 cache (cross_kv.py writes them); a multiple of BLOCK_T
 CONST_STRIDES = False  # shapes and strides as compile-time constants: A/B pending on the H200
 PREFETCH = False  # K/V of the next tile loaded before this tile's math (registers): A/B pending

@@ -172,7 +172,7 @@ def test_fp8_tile_launch_fills_the_sms():
         assert bh * splits >= WAVES_FP8 * 132 or splits == 12, (bh, splits)
     assert choose_launch(1, 10**6, 132, "fp8tile")[0] == 32  # MAX_SPLITS
     assert choose_launch(1, 1, 132, "fp8tile")[0] == 1
-    assert choose_launch(8 * 20, 1500, 132, "fp16") == (2, 128)  # fp16 and per-head fp8 unchanged
+    assert choose_launch(8 * 20, 1500, 132, "fp16") == (2, 32)  # fp16: BLOCK_T_FP16 (self-attention sweep)
     assert choose_launch(8 * 20, 1500, 132, "fp8") == (6, 128)
 
 

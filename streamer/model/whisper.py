@@ -191,10 +191,13 @@ class KVCache(nn.Module):
                 b[dst, :, :upto] = b[src, :, :upto]
 
     @staticmethod
-    def bytes_per_slot(dims: ModelDims, itemsize: int, cross_fp8: bool = False) -> int:
+    def bytes_per_slot(dims: ModelDims, itemsize: int, cross_fp8: bool = False, self_len: float | None = None) -> int:
+        """A slot's K/V bytes: all of them (memory), or with `self_len` those a decode step reads
+        (the self-attention's valid positions only; every cross position)."""
         width = 2 * dims.n_text_head * dims.head_dim
-        per_layer = width * dims.n_text_ctx * itemsize + width * dims.n_audio_ctx * (1 if cross_fp8 else itemsize)
-        return per_layer * dims.n_text_layer
+        self_len = dims.n_text_ctx if self_len is None else self_len
+        per_layer = width * self_len * itemsize + width * dims.n_audio_ctx * (1 if cross_fp8 else itemsize)
+        return int(per_layer * dims.n_text_layer)
 
 
 class PassCache:

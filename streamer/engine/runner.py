@@ -447,7 +447,7 @@ class Runner:
         tokens, logprobs, every = self._launch(n)
         return tokens[:n].cpu(), logprobs[:n].float().cpu(), self._top_to_host(every, n)
 
-    def _launch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    def _launch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queue one decode step over rows [0, n) (a graph replay, or eager without graphs): tokens,
         their log-probabilities and every token's, on the device, covering at least n rows (a
         graph's until its next replay)."""

@@ -12,7 +12,8 @@ number of tokens each, all submitted at once), run twice after a warm-up at the 
         --runs large-v3:full_fp16,large-v3:mixed_fp8,large-v3-turbo:mixed_fp8 --windows 256
 
 A run `shape:preset:overlap` has the encoder on its own stream (`OVERLAP_ENCODER`); `shape:preset:sync`
-reads each decode step back before the next is launched (`ASYNC_STEPS=0`).
+reads each decode step back before the next is launched (`ASYNC_STEPS=0`); `shape:preset:SITE=fp8` changes a
+site of the preset (`cuda_ops.precision.get_preset`).
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ def main() -> None:
     window = np.concatenate([data[k].astype(np.float32) for k in sorted(data.files)])[: 30 * 16000]
     rows = []
     for run in args.runs.split(","):
-        shape, precision, *flags = run.split(":")  # large-v3:mixed_fp8:overlap = OVERLAP_ENCODER on
+        # large-v3:mixed_fp8:overlap = OVERLAP_ENCODER on; NAME=VALUE parts go to the preset (get_preset)
+        shape, precision, *flags = run.split(":")
+        precision = ":".join([precision, *(f for f in flags if "=" in f)])
         row = profile(shape, precision, args.windows, args.tokens, args.tokenizer, window, overlap="overlap" in flags,
                       async_steps=False if "sync" in flags else None)
         rows.append(row)

@@ -23,7 +23,7 @@ from streamer.longform import Transcript, TranscriptSegment, transcribe_long
 from streamer.longform.accurate import complete_segments, cut_at_skipped_speech, echoes, segment_pieces
 from streamer.longform.fast import plan_windows
 from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
-from streamer.longform.speech import PADDING_SAMPLES, left_out, next_stretch, speech_seconds
+from streamer.longform.speech import PADDING_SAMPLES, TAIL_S, left_out, next_stretch, open_after, speech_seconds
 from streamer.longform.transcript import Window
 from streamer.model.weights import load_model
 from streamer.types import Word
@@ -151,6 +151,36 @@ def test_a_stretch_cut_inside_speech_keeps_its_last_samples(audio_dir):
     ended = next(i for i in range(len(speech) - 1) if speech[i + 1][0] > speech[i][1])
     assert next_stretch(speech, ended, speech[ended][1] - PADDING_SAMPLES // 2) == ended + 1
 
+
+
+def test_a_window_does_not_open_on_a_segments_tail_before_a_long_pause():
+    s = SAMPLE_RATE
+    speech = [(0, 13 * s), (24 * s, 30 * s)]
+    assert open_after(speech, 12 * s) == 13 * s  # 1 s of tail, then 11 s of pause: past the stretch
+    assert open_after(speech, 13 * s - round(TAIL_S * s) - 1) == 13 * s - round(TAIL_S * s) - 1  # speech left
+    assert open_after(speech, 18 * s) == 18 * s  # in a pause already: next_stretch moves on
+    assert open_after(speech, 29 * s) == 30 * s  # the last stretch: nothing follows
+    assert open_after([(0, 13 * s), (13 * s + s // 2, 20 * s)], 12 * s) == 12 * s  # a short pause: the model copes
+    assert open_after([(0, 13 * s), (13 * s, 20 * s)], 12 * s) == 12 * s  # a cut inside speech: its end is speech
+
+
+def test_a_segments_tail_is_found_on_real_speech(manifest):
+    """Two real prompts 9.6 s apart (as on the messy Spanish join, where the model ended a segment
+    0.5 s before its stretch did and the next window wrote the following prompt twice): a seek on
+    the first prompt's last half second opens the next window on the second prompt."""
+    from streamer.longform.speech import find_speech
+
+    rows = sorted((r for r in manifest if r["language"] == "en" and "/asterisk/" in r["audio"] and 3 <= r["duration"] <= 6),
+                  key=lambda r: r["audio"])[:2]
+    pause = np.zeros(int(9.6 * SAMPLE_RATE), np.float32)
+    first = decode_audio(rows[0]["audio"])
+    speech = find_speech(np.concatenate([first, pause, decode_audio(rows[1]["audio"])]))
+    ends_first = [i for i, (a, b) in enumerate(speech) if a < len(first) and b >= len(first) - SAMPLE_RATE]
+    assert len(ends_first) == 1, speech
+    i = ends_first[0]
+    seek = open_after(speech, speech[i][1] - SAMPLE_RATE // 2)
+    assert seek == speech[i][1]
+    assert speech[next_stretch(speech, i, seek)][0] > len(first) + 8 * SAMPLE_RATE  # the second prompt
 
 # --- formats ---------------------------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ def open_after(speech: list[tuple[int, int]], sample: int) -> int:
     A window opened on that tail holds the pause after it, and since its first timestamp may not
     come after 1 s, the model writes the next utterance at 0 s, seconds early, and the next window
     writes it again where it was spoken (base, messy Spanish join: a coarse end 0.5 s before its
-    stretch's end and 9.6 s before the next speech; "La conferencia está ahora en modo mudo."
+    stretch's end and 9.3 s before the next speech; "La conferencia está ahora en modo mudo."
     twice). A stretch cut inside speech (the next begins where it ends) is never skipped."""
     for i, (start, end) in enumerate(speech):
         if start <= sample < end:

@@ -23,7 +23,7 @@ from streamer.longform import Transcript, TranscriptSegment, transcribe_long
 from streamer.longform.accurate import complete_segments, cut_at_skipped_speech, echoes, segment_pieces
 from streamer.longform.fast import plan_windows
 from streamer.longform.formats import render, to_srt, to_verbose_json, to_vtt
-from streamer.longform.speech import PADDING_SAMPLES, left_out, next_stretch, speech_seconds
+from streamer.longform.speech import PADDING_SAMPLES, TAIL_S, left_out, next_stretch, open_after, speech_seconds
 from streamer.longform.transcript import Window
 from streamer.model.weights import load_model
 from streamer.types import Word
@@ -151,6 +151,50 @@ def test_a_stretch_cut_inside_speech_keeps_its_last_samples(audio_dir):
     ended = next(i for i in range(len(speech) - 1) if speech[i + 1][0] > speech[i][1])
     assert next_stretch(speech, ended, speech[ended][1] - PADDING_SAMPLES // 2) == ended + 1
 
+
+
+def test_a_window_does_not_open_on_a_segments_tail_before_a_long_pause():
+    s = SAMPLE_RATE
+    speech = [(0, 13 * s), (24 * s, 30 * s)]
+    assert open_after(speech, 12 * s) == 13 * s  # 1 s of tail, then 11 s of pause: past the stretch
+    assert open_after(speech, 13 * s - round(TAIL_S * s) - 1) == 13 * s - round(TAIL_S * s) - 1  # speech left
+    assert open_after(speech, 18 * s) == 18 * s  # in a pause already: next_stretch moves on
+    assert open_after(speech, 29 * s) == 30 * s  # the last stretch: nothing follows
+    assert open_after([(0, 13 * s), (13 * s + s // 2, 20 * s)], 12 * s) == 12 * s  # a short pause: the model copes
+    assert open_after([(0, 13 * s), (13 * s, 20 * s)], 12 * s) == 12 * s  # a cut inside speech: its end is speech
+
+
+def test_a_window_opened_on_a_tail_writes_the_next_speech_early_and_open_after_avoids_it(manifest, engine):
+    """Two real prompts 9.6 s apart under a low noise floor, real VAD, real tiny.en. A window opened
+    on the first prompt's last half second writes the second prompt from 0 s, over the pause (the
+    first timestamp may not come after 1 s): on the messy Spanish join the next window then wrote
+    it again where it was spoken. `open_after` opens the window on the second prompt instead."""
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform.decode import decode_window
+    from streamer.longform.speech import find_speech
+
+    rows = {Path(r["audio"]).name: r for r in manifest if "/en/asterisk/" in r["audio"]}
+    first = decode_audio(rows["agent-alreadyon.ogg"]["audio"])
+    second = decode_audio(rows["conf-noempty.ogg"]["audio"])
+    s = SAMPLE_RATE
+    audio = np.concatenate([np.zeros(s // 2, np.float32), first, np.zeros(int(9.6 * s), np.float32), second,
+                            np.zeros(s, np.float32)])
+    audio += (np.random.default_rng(0).standard_normal(len(audio)) * 0.002).astype(np.float32)
+    speech = find_speech(audio)
+    assert len(speech) == 2 and speech[1][0] - speech[0][1] > 9 * s, speech
+    tail = speech[0][1] - s // 2
+    opened = open_after(speech, tail)
+    assert opened == speech[0][1] and next_stretch(speech, 0, opened) == 1
+
+    async def first_segment(start: int):
+        options = DecodeOptions(language="en", timestamps=True, beam_size=5)
+        result = await decode_window(engine, audio[start:start + 30 * s], options, started=False)
+        return start / s + result.segments[0].start, result.segments[0].text
+
+    early, text = asyncio.run(first_segment(tail))
+    assert "conferences" in text and early < speech[1][0] / s - 5  # seconds before it is spoken
+    on_time, text = asyncio.run(first_segment(speech[1][0]))
+    assert "conferences" in text and abs(on_time - speech[1][0] / s) < 1.0
 
 # --- formats ---------------------------------------------------------------------------------------------
 

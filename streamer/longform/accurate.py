@@ -25,7 +25,8 @@ import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window
-from streamer.longform.speech import UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, speech_seconds
+from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, open_after,
+                                      speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -177,6 +178,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)
             if window.segments:
                 previous = window.segments[-1].text
+            if advance < window_s:  # the seek stops at a segment's end: not on its tail before a long pause
+                advance = (open_after(speech, seek + round(advance * SAMPLE_RATE)) - seek) / SAMPLE_RATE
             if result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []
             elif window.segments:

@@ -16,6 +16,7 @@ from streamer.audio.vad import SileroVAD, speech_segments
 from streamer.config import VADConfig
 from streamer.engine.request import SAMPLE_RATE
 from streamer.longform.transcript import Window
+from streamer.model.logits import MAX_INITIAL_TIMESTAMP
 
 CUT_VAD = VADConfig(min_silence_ms=300, speech_pad_ms=200, max_utterance_s=28.0)
 """Pauses of 300 ms separate stretches of speech (cut points for `fast`); stretches are padded by
@@ -28,6 +29,11 @@ again. Padding alone is at most 0.4 s."""
 
 PADDING_SAMPLES = CUT_VAD.speech_pad_ms * SAMPLE_RATE // 1000
 """The padding at a stretch's end holds no speech (the VAD added it after the last word)."""
+TAIL_S = 1.5
+"""Under a long prompt Whisper's timestamps coarsen to whole seconds (tiny.en and base, ours and
+faster-whisper's alike), so a segment's end can fall a second or more before the end of the speech
+it transcribes: the timestamp's second, the VAD's end padding (0.2 s) and its frames' slack. Less
+than this much of a stretch after a segment's end is that segment's own tail (`open_after`)."""
 
 
 def next_stretch(speech: list[tuple[int, int]], index: int, seek: int) -> int:
@@ -46,6 +52,27 @@ def next_stretch(speech: list[tuple[int, int]], index: int, seek: int) -> int:
             break
         index += 1
     return index
+
+
+def open_after(speech: list[tuple[int, int]], sample: int) -> int:
+    """Where the next window may open after a segment that ends at `sample`: past the end of the
+    stretch `sample` lies in when less than `TAIL_S` of it is left (the segment's own tail) and a
+    pause longer than the first-timestamp limit (`MAX_INITIAL_TIMESTAMP`, 1 s) follows it; else
+    `sample`.
+
+    A window opened on that tail holds the pause after it, and since its first timestamp may not
+    come after 1 s, the model writes the next utterance at 0 s, seconds early, and the next window
+    writes it again where it was spoken (base, messy Spanish join: a coarse end 0.5 s before its
+    stretch's end and 9.3 s before the next speech; "La conferencia está ahora en modo mudo."
+    twice). A stretch cut inside speech (the next begins where it ends) is never skipped."""
+    for i, (start, end) in enumerate(speech):
+        if start <= sample < end:
+            # After the last stretch nothing follows: as long a pause as any.
+            long_pause = i + 1 == len(speech) or speech[i + 1][0] - end > MAX_INITIAL_TIMESTAMP * SAMPLE_RATE
+            return end if long_pause and end - sample < TAIL_S * SAMPLE_RATE else sample
+        if start > sample:
+            break
+    return sample
 
 
 def find_speech(audio: np.ndarray) -> list[tuple[int, int]]:

@@ -44,7 +44,7 @@ def main() -> None:
             parts.append(f"<{tok.time_of(t):.2f}>" if t >= tok.timestamp_begin else tok.decode([t]) if t < tok.eot else "")
         offset = (audio.__array_interface__["data"][0] - base[0]) // audio.itemsize
         windows.append({"start_s": round(offset / SAMPLE_RATE, 2), "length_s": round(len(audio) / SAMPLE_RATE, 2),
-                        "prompt": len(options.prompt_tokens or ()), "temperature": result.temperature,
+                        "prompt": len(options.prompt_tokens or ()), "prefix": len(options.prefix_tokens or ()), "temperature": result.temperature,
                         "avg_logprob": round(result.avg_logprob, 3), "no_speech": round(result.no_speech_prob, 3),
                         "verdict": {k: v for k, v in vars(result.verdict).items() if v and k != "temperature"},
                         "text": "".join(parts)})

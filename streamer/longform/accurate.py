@@ -44,11 +44,11 @@ ECHO_MIN_WORDS = 4
 words or more) may be echoing its prompt: it is decoded again without one (`echoes`)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
-CONTEXT_MAX_S = 10.0
+CONTEXT_MAX_S = 20.0
 """A window opened after a pause starts up to this long before its speech, on the previous
 window's last segments (`acoustic_context`): Whisper seeing a paragraph cold wrote "caller" as
 "color" five times where faster-whisper, whose window held the audio before it, wrote it right
-(docs/notes/accuracy12.md). At least 20 s of the 30-s window stay for the new speech."""
+(docs/notes/accuracy12.md). At least 10 s of the 30-s window stay for the new speech."""
 
 if TYPE_CHECKING:
     from streamer.engine.engine import Engine

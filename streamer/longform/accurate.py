@@ -44,11 +44,6 @@ ECHO_MIN_WORDS = 4
 words or more) may be echoing its prompt: it is decoded again without one (`echoes`)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
-CONTEXT_MAX_S = 20.0
-"""A window opened after a pause starts up to this long before its speech, on the previous
-window's last segments (`acoustic_context`): Whisper seeing a paragraph cold wrote "caller" as
-"color" five times where faster-whisper, whose window held the audio before it, wrote it right
-(docs/notes/accuracy12.md). At least 10 s of the 30-s window stay for the new speech."""
 
 if TYPE_CHECKING:
     from streamer.engine.engine import Engine
@@ -128,31 +123,6 @@ def echoes(previous: str, tokens: list[int], tokenizer: Tokenizer) -> bool:
     return len(before) >= ECHO_MIN_WORDS and now[:len(before)] == before
 
 
-def written(segments: list[TranscriptSegment], origin: float, tokenizer: Tokenizer) -> list[int]:
-    """`segments` as Whisper writes them, <|start|> text <|end|> each, in seconds from `origin`
-    (kept in order, as the decoder's timestamp rules require)."""
-    tokens, last = [], 0
-    for s in segments:
-        a = max(last, round((s.start - origin) / TIME_PRECISION))
-        last = max(a, round((s.end - origin) / TIME_PRECISION))
-        tokens += [tokenizer.timestamp_begin + a, *s.tokens, tokenizer.timestamp_begin + last]
-    return tokens
-
-
-def acoustic_context(segments: list[TranscriptSegment], seek: int) -> list[TranscriptSegment]:
-    """The segments a window opened after a pause at sample `seek` starts on: the last of the
-    previous window's `segments` that start within `CONTEXT_MAX_S` before it. Their audio opens
-    the window and their tokens are the decoder's forced prefix, as for live finals with acoustic
-    context (`streaming/session.py`)."""
-    bound = seek - round(CONTEXT_MAX_S * SAMPLE_RATE)
-    chosen: list[TranscriptSegment] = []
-    for s in reversed(segments):
-        if not s.tokens or round(s.start * SAMPLE_RATE) < bound or round(s.end * SAMPLE_RATE) > seek:
-            break
-        chosen.insert(0, s)
-    return chosen
-
-
 async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
                               on_progress: Callable[[float], None] | None = None,
                               on_segments: Callable[[list[TranscriptSegment]], None] | None = None) -> Transcript:
@@ -170,80 +140,53 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
     windows: list[Window] = []
     seek, next_speech = 0, 0
     previous = ""  # the text of the last kept segment
-    appended, last_start = 0, 0  # tokens the last window added to `prompt`, and where it started
     while True:
         # Jump over audio without speech (a stretch's end padding included): it is never decoded
         # (no hallucinations on silence), and a window opens on speech.
         next_speech = next_stretch(speech, next_speech, seek)
         if next_speech == len(speech):
             break
-        after_pause = speech[next_speech][0] > seek
-        seek = opened = max(seek, speech[next_speech][0])
+        seek = max(seek, speech[next_speech][0])
         if n - seek < MIN_WINDOW_S * SAMPLE_RATE:
             break
+        window = Window(start=seek, length=min(n, seek + MAX_WINDOW_SAMPLES) - seek)
         opts = dataclasses.replace(options, timestamps=True, language=language, prompt=None, beam_size=beam_size,
                                    prompt_tokens=tuple(prompt[-MAX_PROMPT_TOKENS:]) or None)
-        result, start, prefix, before = None, seek, [], prompt
-        context = acoustic_context(windows[-1].segments, seek) if after_pause and windows and appended else []
-        if context:
-            # Opened after a pause: the window starts on the previous window's last segments, their
-            # tokens forced as the prefix, so the new speech is not seen cold. The prompt holds
-            # what came before them (the previous window's tokens, rebuilt without the context's).
-            start = round(context[0].start * SAMPLE_RATE)
-            prefix = written(context, start / SAMPLE_RATE, tok)
-            earlier = windows[-1].segments[:len(windows[-1].segments) - len(context)]
-            before = prompt[:max(0, len(prompt) - appended)] + written(earlier, last_start / SAMPLE_RATE, tok)
-            length = min(n, start + MAX_WINDOW_SAMPLES) - start
-            copts = dataclasses.replace(opts, prefix_tokens=tuple(prefix),
-                                        prompt_tokens=tuple(before[-(MAX_PROMPT_TOKENS - len(prefix)):]) or None)
-            result = await decode_window(engine, audio[start:start + length], copts, started=True)
-            v = result.verdict
-            text = tok.decode([t for t in result.tokens if t < tok.eot]).strip()
-            if not v.silence and (not text or v.loop or v.repetition or echoes(previous, result.tokens, tok)):
-                # Nothing after the prefix, or a loop: decode the window as without context.
-                result, start, prefix, before = None, seek, [], prompt
-        window = Window(start=start, length=min(n, start + MAX_WINDOW_SAMPLES) - start)
-        if result is None:
-            result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
-            v = result.verdict
-            if opts.prompt_tokens and not v.silence and (v.loop or v.repetition or echoes(previous, result.tokens, tok)):
-                # Decoded with a prompt, the text loops, repeats itself or echoes the prompt: decode the
-                # window again without it (the live rule for finals too) and start the context afresh.
-                # A repetition that the unprompted decode keeps is speech.
-                result = await decode_window(engine, audio[seek:seek + window.length],
-                                             dataclasses.replace(opts, prompt_tokens=None), started=True)
-                prompt = before = []
+        result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
+        v = result.verdict
+        if opts.prompt_tokens and not v.silence and (v.loop or v.repetition or echoes(previous, result.tokens, tok)):
+            # Decoded with a prompt, the text loops, repeats itself or echoes the prompt: decode the
+            # window again without it (the live rule for finals too) and start the context afresh.
+            # A repetition that the unprompted decode keeps is speech.
+            result = await decode_window(engine, audio[seek:seek + window.length],
+                                         dataclasses.replace(opts, prompt_tokens=None), started=True)
+            prompt = []
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
-        appended, last_start = 0, start
         # Silence: skip the stretch of speech the window starts in, not the whole window (openai
         # skips 30 s: with pauses and noise between stretches, speech after them was lost).
-        advance = max(TIME_PRECISION, (speech[next_speech][1] - start) / SAMPLE_RATE)
+        advance = max(TIME_PRECISION, (speech[next_speech][1] - seek) / SAMPLE_RATE)
         if not result.verdict.silence:
-            # After a forced prefix the result holds only the new tokens, and the timestamp rules
-            # keep them from starting before the prefix's last timestamp: new segments only.
             pieces, advance = segment_pieces(result.tokens, tok, window_s)
-            keep = cut_at_skipped_speech(pieces, speech, start, tok)
+            keep = cut_at_skipped_speech(pieces, speech, seek, tok)
             if keep is not None:  # the model skipped speech: the next window starts on it
                 pieces, advance = pieces[:keep], pieces[keep - 1][1]
             spans, consumed = [p[:3] for p in pieces], pieces[-1][3] if pieces else 0
             window.segments = heard(speech, make_segments(spans, result, tok, window))
             resume = left_out(speech, window)
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
-                advance = min(advance, (resume - start) / SAMPLE_RATE)
+                advance = min(advance, (resume - seek) / SAMPLE_RATE)
             if window.segments:
                 previous = window.segments[-1].text
             if advance < window_s:  # the seek stops at a segment's end: not on its tail before a long pause
-                advance = (open_after(speech, start + round(advance * SAMPLE_RATE)) - start) / SAMPLE_RATE
+                advance = (open_after(speech, seek + round(advance * SAMPLE_RATE)) - seek) / SAMPLE_RATE
             if result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []
             elif window.segments:
-                new = [t for t in result.tokens[:consumed] if t < tok.eot or t >= tok.timestamp_begin]
-                prompt, appended = (before + prefix + new)[-MAX_PROMPT_TOKENS:], len(new)
+                prompt = (prompt + [t for t in result.tokens[:consumed] if t < tok.eot or t >= tok.timestamp_begin])
+                prompt = prompt[-MAX_PROMPT_TOKENS:]
         # The seek always moves on, so a window that ends on its first timestamp cannot loop.
-        seek = max(start + round(advance * SAMPLE_RATE), seek + round(TIME_PRECISION * SAMPLE_RATE))
-        if start < opened:  # word alignment needs the window's audio without the context's speech
-            window = Window(start=opened, length=start + window.length - opened, segments=window.segments)
+        seek += max(round(advance * SAMPLE_RATE), round(TIME_PRECISION * SAMPLE_RATE))
         windows.append(window)
         if on_segments is not None and window.segments:
             on_segments(window.segments)

@@ -16,7 +16,7 @@ from streamer.audio.vad import SileroVAD, speech_segments
 from streamer.config import VADConfig
 from streamer.engine.request import SAMPLE_RATE
 from streamer.longform.transcript import Window
-from streamer.model.logits import MAX_INITIAL_TIMESTAMP
+from streamer.model.tokenizer import MAX_INITIAL_TIMESTAMP  # torch-free: gateways import this module
 
 CUT_VAD = VADConfig(min_silence_ms=300, speech_pad_ms=200, max_utterance_s=28.0)
 """Pauses of 300 ms separate stretches of speech (cut points for `fast`); stretches are padded by

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from streamer.model.tokenizer import Tokenizer
-
-MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp may not be later (openai's default)
+from streamer.model.tokenizer import MAX_INITIAL_TIMESTAMP, Tokenizer
 NEG_INF = float("-inf")
 
 

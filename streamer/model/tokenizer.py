@@ -37,6 +37,7 @@ LANGUAGES = {
 TO_LANGUAGE_CODE = {name: code for code, name in LANGUAGES.items()}
 
 TIME_PRECISION = 0.02  # seconds per timestamp token step
+MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp may not be later (openai's default)
 N_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>
 
 

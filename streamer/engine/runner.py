@@ -229,19 +229,17 @@ class Runner:
             self.encoding.append(_Encoding(list(encode), features, done))
             encode = []
             out.encode_s = time.perf_counter() - t0
-        if self.slots:
-            t0 = time.perf_counter()
-            if self.async_steps and all(s.group is None and s.request.priority == Priority.FILE for s in self.slots):
-                self._decode_async(out)
-            else:
-                self._finish_in_flight(out)
-                if self.slots:
-                    n = len(self.slots)
-                    tokens, logprobs, top = self._decode(n)  # copies to the host wait for this stream only
-                    self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
-            out.decode_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if self.slots and self.async_steps and all(s.group is None and s.request.priority == Priority.FILE
+                                                   for s in self.slots):
+            self._decode_async(out)
         else:
-            self._finish_in_flight(out)  # nothing live: what it decoded was for sequences that ended
+            self._finish_in_flight(out)  # before a step read back at once (or nothing live: its sequences ended)
+            if self.slots:
+                n = len(self.slots)
+                tokens, logprobs, top = self._decode(n)  # copies to the host wait for this stream only
+                self._record(list(range(n)), tokens.tolist(), logprobs.tolist(), top, out)
+        out.decode_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if encode:
             self._admit(encode, out)

@@ -282,7 +282,11 @@ def split_segments(tokens: list[int], tokenizer: "Tokenizer", duration: float) -
 
 def __getattr__(name: str):
     # The tensor rules lived here before: old imports keep working (and only they load torch).
-    if name in ("LogitRules", "SamplerState", "MAX_INITIAL_TIMESTAMP", "NEG_INF"):
+    if name == "MAX_INITIAL_TIMESTAMP":  # a tokenizer constant now: no torch for it
+        from streamer.model.tokenizer import MAX_INITIAL_TIMESTAMP
+
+        return MAX_INITIAL_TIMESTAMP
+    if name in ("LogitRules", "SamplerState", "NEG_INF"):
         from streamer.model import logits
 
         return getattr(logits, name)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from streamer.model.tokenizer import MAX_INITIAL_TIMESTAMP, Tokenizer
+
 NEG_INF = float("-inf")
 
 

@@ -18,6 +18,8 @@ from typing import Literal
 
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
+CacheFormat = Literal["fp16", "fp8", "int4"]
+_CACHE_FORMATS = ("fp16", "fp8", "int4")  # the cross cache only (model/whisper.py, CROSS_FORMATS)
 _SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
 _INTS = ("fp8_min_width",)  # every field in neither tuple is a site
 
@@ -62,10 +64,12 @@ class PrecisionConfig:
     """Projection of the encoder output to cross-attention K/V, once per window (M = 1500 x
     batch, compute-bound); its input is the encoder's final LayerNorm, which can emit FP8."""
 
-    cross_kv_cache: SiteDtype = "fp16"
+    cross_kv_cache: CacheFormat = "fp16"
     """Storage of the cross-attention K/V cache (1500 tokens x 2 x d_model per layer, read on
-    every decode step: the largest decoder read). FP8 with per-token scales halves it and doubles
-    the number of decoder slots that fit; needs an attention kernel that reads FP8 K/V."""
+    every decode step: the largest decoder read). "fp8" (e4m3, a scale per 128-position tile of a
+    head) halves it and doubles the number of decoder slots that fit; "int4" (cuda_ops/cross_int4.py:
+    K scaled per channel and tile, V per position) reads 0.53x of FP8's bytes again, for a WER cost
+    measured in docs/benchmarks.md (Session 13). Both need the attention kernels that read them."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
@@ -89,13 +93,14 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in _SWITCHES + _INTS and value not in _SITE_DTYPES:
-                raise ValueError(f"PrecisionConfig.{f.name} must be one of {_SITE_DTYPES}, got {value!r}")
+            allowed = _CACHE_FORMATS if f.name == "cross_kv_cache" else _SITE_DTYPES
+            if f.name not in _SWITCHES + _INTS and value not in allowed:
+                raise ValueError(f"PrecisionConfig.{f.name} must be one of {allowed}, got {value!r}")
         ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)
         if not self.use_fused_layernorm and "fp8" in ln_fed:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
-        if not self.use_fused_layernorm and self.cross_kv_cache == "fp8":  # only the fused blocks read it
-            raise ValueError("an FP8 cross_kv_cache needs use_fused_layernorm=True")
+        if not self.use_fused_layernorm and self.cross_kv_cache != "fp16":  # only the fused blocks read it
+            raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs use_fused_layernorm=True")
 
 
 def full_fp16() -> PrecisionConfig:

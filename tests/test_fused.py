@@ -46,12 +46,13 @@ def plain(clips):
 
 
 # tiny.en is narrower than fp8_min_width: ":fp8_min_width=0" puts its FP8 linears in anyway.
-@pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8:fp8_min_width=0", "aggressive_fp8:fp8_min_width=0"])
+@pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8:fp8_min_width=0", "aggressive_fp8:fp8_min_width=0",
+                                       "mixed_fp8:cross_kv_cache=int4"])
 def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
     results = _run(precision, clips)
     if precision == "full_fp16":  # same function, fp32 here: the same greedy tokens
         assert [r.tokens for r in results] == [r.tokens for r in plain]
-    else:  # FP8 may move a token; the transcript must stay the same in substance, in order
+    else:  # FP8 or a 4-bit cross cache may move a token; the transcript must stay the same in substance
         for ours, ref in zip(results, plain):
             words = jiwer.process_words(ref.text, ours.text)
             assert ours.text and words.substitutions + words.deletions + words.insertions <= 2, (ref.text, ours.text)
@@ -79,11 +80,14 @@ def test_apply_precision_swaps_the_chosen_sites_in_a_new_model():
     assert type(unfused.decoder.blocks[0]) is DecoderBlock
 
 
-def test_plain_blocks_refuse_an_fp8_cross_cache():
+@pytest.mark.parametrize("cross_format", ["fp8", "int4"])
+def test_plain_blocks_refuse_a_quantised_cross_cache(cross_format):
     loaded = load_model("tiny.en")
-    cache = KVCache(loaded.dims, 1, cross_fp8=True)
-    with pytest.raises(ValueError, match="FP8 cross cache is written by the fused blocks"):
+    cache = KVCache(loaded.dims, 1, cross_format=cross_format)
+    with pytest.raises(ValueError, match=f"{cross_format} cross cache is written by the fused blocks"):
         loaded.model.decoder.write_cross_kv(torch.zeros(1, loaded.dims.n_audio_ctx, loaded.dims.n_text_state), cache, 0)
+    with pytest.raises(ValueError, match="cross_format must be one of"):
+        KVCache(loaded.dims, 1, cross_format="int8")
 
 
 def test_cross_cache_scale_tile_is_the_kernels():
@@ -95,11 +99,27 @@ def test_cross_cache_scale_tile_is_the_kernels():
 
 def test_fp8_cross_cache_has_a_scale_per_tile():
     dims = load_model("tiny.en").model.dims
-    cache = KVCache(dims, 3, cross_fp8=True)
+    cache = KVCache(dims, 3, cross_format="fp8")
     tiles = -(-dims.n_audio_ctx // 128)
     assert cache.layers[0].cross_k_scale.shape == cache.layers[-1].cross_v_scale.shape == (3, dims.n_text_head, tiles)
     k, v, ks, vs = cache.layers[0].cross(slice(1, 3))
     assert ks.shape == (2, dims.n_text_head, tiles) and k.dtype == v.dtype
+
+
+def test_int4_cross_cache_layout_and_its_bytes():
+    """The 4-bit cross cache: codes [slots, H, 1500, Dh/2], K scales per tile and channel, V scales
+    per position (fp16), about 0.53x the bytes of the FP8 cache, as bytes_per_slot counts them."""
+    dims = load_model("tiny.en").model.dims
+    cache = KVCache(dims, 2, dtype=torch.float16, cross_format="int4")
+    h, dh, t = dims.n_text_head, dims.head_dim, dims.n_audio_ctx
+    layer = cache.layers[0]
+    assert layer.cross_k.shape == layer.cross_v.shape == (2, h, t, dh // 2) and layer.cross_k.dtype == torch.uint8
+    assert layer.cross_k_scale.shape == (2, h, -(-t // 128), dh) and layer.cross_v_scale.shape == (2, h, t)
+    cross = lambda fmt: KVCache.bytes_per_slot(dims, 2, fmt, self_len=0)  # noqa: E731
+    stored = sum(b.numel() * b.element_size() for b in cache.buffers() if b is not None) // 2
+    selfs = 2 * len(cache.layers) * h * dims.n_text_ctx * dh * 2
+    assert abs(cross("int4") - (stored - selfs)) <= 8 * len(cache.layers)
+    assert 0.5 < cross("int4") / cross("fp8") < 0.56 and cross("fp8") / cross("fp16") < 0.51
 
 
 def test_a_padded_vocabulary_gives_the_same_logits_and_stores_the_embedding_once():

@@ -193,7 +193,7 @@ def test_kv_cache_buffers_are_registered():
     assert len(list(cache.buffers())) == 4 * dims.n_text_layer and not cache.state_dict()
     half = cache.to(torch.float16)
     assert all(b.dtype == torch.float16 for b in half.buffers()) and half.layers[0].self_k.shape == (2, dims.n_text_head, dims.n_text_ctx, dims.head_dim)
-    fp8 = KVCache(dims, 2, cross_fp8=True)
+    fp8 = KVCache(dims, 2, cross_format="fp8")
     assert len(list(fp8.buffers())) == 6 * dims.n_text_layer  # + the cross K/V scales
     src, dst = torch.tensor([1]), torch.tensor([0])
     for b in fp8.buffers():

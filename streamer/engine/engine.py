@@ -107,7 +107,7 @@ class Engine:
         the plain PyTorch model. `cpu_threads`: intra-op threads of the model thread on the CPU
         (None: torch's current setting). `cpu_encoder`: the encoder's dtype on the CPU
         (`ModelConfig.cpu_encoder`; the plain float32 model by default here, `auto` from `load`)."""
-        cross_fp8 = False
+        cross_format = "fp16"
         # A model off the CPU (or float32 asked) comes back as it is.
         loaded = dataclasses.replace(loaded, model=with_cpu_encoder(loaded.model, resolve_cpu_encoder(cpu_encoder)))
         if precision is not None:
@@ -116,14 +116,14 @@ class Engine:
 
             preset = get_preset(precision)
             loaded = dataclasses.replace(loaded, model=apply_precision(loaded.model, preset))  # the caller's model stays as it was
-            cross_fp8 = preset.cross_kv_cache == "fp8"
+            cross_format = preset.cross_kv_cache
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config
         self.precision = precision
         device = next(loaded.model.parameters()).device
-        slots, enc_batch = self._limits(loaded, config, device, cross_fp8)
-        self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_fp8,
+        slots, enc_batch = self._limits(loaded, config, device, cross_format)
+        self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_format,
                              config.overlap_encoder, config.decode_priority, config.encoder_graphs,
                              config.async_steps)
         self.cpu_threads = cpu_threads or torch.get_num_threads()
@@ -214,7 +214,7 @@ class Engine:
         return 0 if self.runner.device.type == "cpu" else 1
 
     @staticmethod
-    def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_fp8: bool) -> tuple[int, int]:
+    def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_format: str) -> tuple[int, int]:
         """Decoder slots and encoder batch: given, or sized from the device's memory budget."""
         if device.type != "cuda":
             return config.max_slots or 16, config.max_encoder_batch or 4
@@ -226,7 +226,7 @@ class Engine:
         per_window = 8 * d.n_audio_ctx * 4 * d.n_audio_state * itemsize
         enc_batch = config.max_encoder_batch or 16
         usable = 0.85 * budget - enc_batch * per_window - 2 * 2**30  # graphs, logits, allocator slack
-        slots = config.max_slots or int(max(1, min(512, usable // KVCache.bytes_per_slot(d, itemsize, cross_fp8))))
+        slots = config.max_slots or int(max(1, min(512, usable // KVCache.bytes_per_slot(d, itemsize, cross_format))))
         return slots, enc_batch
 
     # --- lifecycle ----------------------------------------------------------------------------------

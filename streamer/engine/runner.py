@@ -137,7 +137,7 @@ class StepResult:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
-                 cross_fp8: bool = False, overlap_encoder: bool = False, decode_priority: bool = True,
+                 cross_format: str = "fp16", overlap_encoder: bool = False, decode_priority: bool = True,
                  encoder_graphs: bool = True, async_steps: bool | None = None):
         self.loaded = loaded
         self.model = loaded.model
@@ -147,7 +147,7 @@ class Runner:
         self.device, self.dtype = p.device, p.dtype
         self.n_slots = n_slots
         self.max_new_tokens = max_new_tokens
-        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_fp8=cross_fp8)
+        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_format=cross_format)
         if self.device.type == "cpu":
             self.model = with_half_weights(self.model)
         self.state = SamplerState.allocate(n_slots, self.device)

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cuda_ops.attention import FP8_DTYPE, decode_attention, dequantize_kv
+from cuda_ops.attention import decode_attention, dequantize_kv
+from cuda_ops.cross_int4 import decode_attention_int4, dequantize_k, dequantize_v, write_cross_kv_int4
 from cuda_ops.cross_kv import write_cross_kv_fp8
 from cuda_ops.fp8 import FP8Linear, ffn_fp8
 from cuda_ops.layernorm import layer_norm
@@ -24,10 +25,17 @@ from streamer.model.whisper import (DecoderBlock, EncoderBlock, LayerKV, Whisper
                                     cross_qk, project_cross_kv, with_children)
 
 PREFILL_ROWS_MAX = 16
-"""Prompt tokens up to which a prefill reads an FP8 cross cache through decode attention (the
-cache read once per token, in FP8) rather than dequantising it (fp8 read, fp32 write and read,
-fp16 write, then SDPA's fp16 read: about 8 bytes per cached byte, i.e. break-even near 8-16 tokens).
-Long previous-text prompts (up to 224 tokens) take the dequantising path."""
+"""Prompt tokens up to which a prefill reads a quantised (FP8 or 4-bit) cross cache through decode
+attention (the cache read once per token) rather than dequantising it (a quantised read, fp32 write
+and read, fp16 write, then SDPA's fp16 read: about 8 bytes per cached byte, i.e. break-even near
+8-16 tokens). Long previous-text prompts (up to 224 tokens) take the dequantising path."""
+
+
+def _dequantize_cross(ck: Tensor, cv: Tensor, k_scale: Tensor, v_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """fp32 K and V [S, H, 1500, Dh] of a quantised cross cache's slots (FP8 or 4-bit codes)."""
+    if ck.dtype == torch.uint8:
+        return dequantize_k(ck, k_scale), dequantize_v(cv, v_scale)
+    return dequantize_kv(ck, k_scale), dequantize_kv(cv, v_scale)
 
 
 def _ln(x: Tensor, ln: nn.LayerNorm, residual: Tensor | None = None, fp8: bool = False):
@@ -97,29 +105,38 @@ class FusedDecoderBlock(nn.Module):
         B, H, T, Dh = q.shape
         if k_scale is not None and T <= PREFILL_ROWS_MAX:
             # Cross-attention has no mask, so each query token is one decode-attention row over its
-            # slot's FP8 cache (slot_ids repeat the slot): no dequantised copy of the cache is made.
+            # slot's quantised cache (slot_ids repeat the slot): no dequantised copy of it is made.
             rows = q.transpose(1, 2).reshape(B * T, H, Dh)
-            lengths = torch.full((B * T,), ck.shape[2], dtype=torch.int32, device=q.device)
             slots = None if T == 1 else torch.arange(B, dtype=torch.int32, device=q.device).repeat_interleave(T)
-            a = decode_attention(rows, ck, cv, lengths, k_scale=k_scale, v_scale=v_scale, slot_ids=slots)
+            if ck.dtype == torch.uint8:
+                a = decode_attention_int4(rows, ck, cv, k_scale, v_scale, slot_ids=slots)
+            else:
+                lengths = torch.full((B * T,), ck.shape[2], dtype=torch.int32, device=q.device)
+                a = decode_attention(rows, ck, cv, lengths, k_scale=k_scale, v_scale=v_scale, slot_ids=slots)
             a = a.view(B, T, H, Dh).transpose(1, 2)
         else:
-            if k_scale is not None:  # a long prompt over an FP8 cache: dequantise this batch's slots once
-                ck, cv = dequantize_kv(ck, k_scale).to(q.dtype), dequantize_kv(cv, v_scale).to(q.dtype)
+            if k_scale is not None:  # a long prompt over a quantised cache: dequantise this batch's slots once
+                ck, cv = (t.to(q.dtype) for t in _dequantize_cross(ck, cv, k_scale, v_scale))
+                k_scale = None
             a = F.scaled_dot_product_attention(q, ck, cv)
         qk = None
         if cross_qk_heads is not None:  # word alignment: over the keys as the attention read them
-            qk = cross_qk(q, dequantize_kv(ck, k_scale) if ck.dtype == FP8_DTYPE else ck, cross_qk_heads)
+            keys = ck if k_scale is None else _dequantize_cross(ck, cv, k_scale, v_scale)[0]
+            qk = cross_qk(q, keys, cross_qk_heads)
         return _mlp(self, x, self.cross_out(_merge_heads(a))), qk
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
-        """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`; into an FP8
-        cache, the fp16 projection never reaches memory (cuda_ops/cross_kv.py)."""
-        if not layer.cross_fp8:
+        """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`: quantised in
+        one pass over the projection (cuda_ops/cross_kv.py, cross_int4.py), or with the FP8 epilogue
+        switch inside the projection's GEMM, where the fp16 projection never reaches memory."""
+        if layer.cross_format == "fp16":
             layer.cross_k[s], layer.cross_v[s] = project_cross_kv(self, audio_features)
             return
         out = layer.cross_k[s], layer.cross_v[s], layer.cross_k_scale[s], layer.cross_v_scale[s]
         lin = self.cross_kv
+        if layer.cross_format == "int4":
+            write_cross_kv_int4(lin(audio_features), *out)
+            return
         if isinstance(lin, nn.Linear) and self.cross_kv_epilogue:
             write_cross_kv_fp8(audio_features, lin.weight, lin.bias, *out)
         else:  # an FP8 linear (or the A/B switch): its output, quantised in one pass

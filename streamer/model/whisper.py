@@ -134,27 +134,41 @@ class AudioEncoder(nn.Module):
         return self.ln_post(x)
 
 
+CROSS_FORMATS = ("fp16", "fp8", "int4")  # the cross cache's storage (`PrecisionConfig.cross_kv_cache`)
+
+
 class LayerKV(nn.Module):
     """One decoder layer's slots: self-attention K/V [slots, H, n_text_ctx, Dh] and the windows'
-    cross-attention K/V [slots, H, n_audio_ctx, Dh], plus their scales [slots, H, tiles] when the
-    cross K/V are FP8 (e4m3, one scale per slot, head and CROSS_SCALE_TILE positions, written by
-    cuda_ops.cross_kv: they halve the largest read of a decode step)."""
+    cross-attention K/V, stored as `cross_format` says (the largest read of a decode step):
+    - "fp16": K/V [slots, H, n_audio_ctx, Dh] in the model's dtype, no scales;
+    - "fp8": e4m3 K/V of the same shape, one fp32 scale per slot, head and CROSS_SCALE_TILE positions
+      [slots, H, tiles] (written by cuda_ops.cross_kv);
+    - "int4": 4-bit codes [slots, H, n_audio_ctx, Dh / 2] uint8, K scales per tile and channel
+      [slots, H, tiles, Dh] and V scales per position [slots, H, n_audio_ctx], fp16 (cuda_ops.cross_int4).
+    """
 
-    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_fp8: bool = False):
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16"):
         super().__init__()
-        h, dh = dims.n_text_head, dims.head_dim
-        self.cross_fp8 = cross_fp8
+        if cross_format not in CROSS_FORMATS:
+            raise ValueError(f"cross_format must be one of {CROSS_FORMATS}, got {cross_format!r}")
+        h, dh, t = dims.n_text_head, dims.head_dim, dims.n_audio_ctx
+        self.cross_format = cross_format
 
-        def make(t, dtype=dtype):
-            return torch.zeros(n_slots, h, t, dh, device=device, dtype=dtype)
+        def make(t, width=dh, dtype=dtype):
+            return torch.zeros(n_slots, h, t, width, device=device, dtype=dtype)
 
+        tiles = -(-t // CROSS_SCALE_TILE)
+        cross = {
+            "fp16": lambda: (make(t), make(t), None, None),
+            "fp8": lambda: (make(t, dtype=torch.float8_e4m3fn), make(t, dtype=torch.float8_e4m3fn),
+                            torch.ones(n_slots, h, tiles, device=device), torch.ones(n_slots, h, tiles, device=device)),
+            "int4": lambda: (make(t, dh // 2, torch.uint8), make(t, dh // 2, torch.uint8),
+                             torch.ones(n_slots, h, tiles, dh, device=device, dtype=torch.float16),
+                             torch.ones(n_slots, h, t, device=device, dtype=torch.float16)),
+        }[cross_format]()
         # Registered (not persistent: state, not weights), so that `.to()` and `buffers()` see them.
-        cross_dtype = torch.float8_e4m3fn if cross_fp8 else dtype
-        tiles = -(-dims.n_audio_ctx // CROSS_SCALE_TILE)
         buffers = {"self_k": make(dims.n_text_ctx), "self_v": make(dims.n_text_ctx),
-                   "cross_k": make(dims.n_audio_ctx, cross_dtype), "cross_v": make(dims.n_audio_ctx, cross_dtype),
-                   "cross_k_scale": torch.ones(n_slots, h, tiles, device=device) if cross_fp8 else None,
-                   "cross_v_scale": torch.ones(n_slots, h, tiles, device=device) if cross_fp8 else None}
+                   **dict(zip(("cross_k", "cross_v", "cross_k_scale", "cross_v_scale"), cross))}
         for name, buffer in buffers.items():
             self.register_buffer(name, buffer, persistent=False)
 
@@ -164,19 +178,19 @@ class LayerKV(nn.Module):
 
     def cross(self, s: slice) -> tuple:
         """(k, v, k_scale, v_scale) of slots `s`; the scales are None for fp16/fp32 K/V."""
-        if self.cross_fp8:
-            return self.cross_k[s], self.cross_v[s], self.cross_k_scale[s], self.cross_v_scale[s]
-        return self.cross_k[s], self.cross_v[s], None, None
+        if self.cross_format == "fp16":
+            return self.cross_k[s], self.cross_v[s], None, None
+        return self.cross_k[s], self.cross_v[s], self.cross_k_scale[s], self.cross_v_scale[s]
 
 
 class KVCache(nn.Module):
     """Per-slot decoder state, one `LayerKV` per decoder layer, allocated once."""
 
-    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_fp8: bool = False):
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16"):
         super().__init__()
         self.n_slots = n_slots
-        self.cross_fp8 = cross_fp8
-        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_fp8) for _ in range(dims.n_text_layer))
+        self.cross_format = cross_format
+        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_format) for _ in range(dims.n_text_layer))
 
     def move_rows(self, src: Tensor, dst: Tensor) -> None:
         """Copy slots `src` into slots `dst` (compaction when sequences leave; the two disjoint)."""
@@ -191,12 +205,17 @@ class KVCache(nn.Module):
                 b[dst, :, :upto] = b[src, :, :upto]
 
     @staticmethod
-    def bytes_per_slot(dims: ModelDims, itemsize: int, cross_fp8: bool = False, self_len: float | None = None) -> int:
+    def bytes_per_slot(dims: ModelDims, itemsize: int, cross_format: str = "fp16", self_len: float | None = None) -> int:
         """A slot's K/V bytes: all of them (memory), or with `self_len` those a decode step reads
-        (the self-attention's valid positions only; every cross position)."""
+        (the self-attention's valid positions only; every cross position, scales included)."""
         width = 2 * dims.n_text_head * dims.head_dim
         self_len = dims.n_text_ctx if self_len is None else self_len
-        per_layer = width * self_len * itemsize + width * dims.n_audio_ctx * (1 if cross_fp8 else itemsize)
+        tiles = -(-dims.n_audio_ctx // CROSS_SCALE_TILE)
+        cross = {"fp16": width * itemsize,
+                 "fp8": width + 2 * dims.n_text_head * tiles * 4 / dims.n_audio_ctx,
+                 "int4": width / 2 + dims.n_text_head * (tiles * dims.head_dim + dims.n_audio_ctx) * 2 / dims.n_audio_ctx,
+                 }[cross_format]  # bytes per position
+        per_layer = width * self_len * itemsize + cross * dims.n_audio_ctx
         return int(per_layer * dims.n_text_layer)
 
 
@@ -267,8 +286,9 @@ class DecoderBlock(nn.Module):
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`."""
-        if layer.cross_fp8:
-            raise ValueError("an FP8 cross cache is written by the fused blocks (model/fused.py), not the plain ones")
+        if layer.cross_format != "fp16":
+            raise ValueError(f"a {layer.cross_format} cross cache is written by the fused blocks (model/fused.py), "
+                             "not the plain ones")
         layer.cross_k[s], layer.cross_v[s] = project_cross_kv(self, audio_features)
 
 

@@ -4,7 +4,8 @@ Whisper large-v3 shapes (H=20, D=64): cross-attention over 1500 encoder frames a
 self-attention over per-slot lengths up to 448 with slots gathered by index. For each batch:
 (a) torch SDPA fp16 on q [B, H, 1, D] and K/V [B, H, T, D], (b) our kernels on fp16 K/V,
 (c) our kernels on fp8 K/V with a scale per (slot, head), (d) with a scale per (slot, head, 128
-positions), as the engine's cross cache holds them (cuda_ops/cross_kv.py). Bytes are those the op must move: the valid K/V positions plus q and
+positions), as the engine's cross cache holds them (cuda_ops/cross_kv.py), (e) cross-attention only:
+the 4-bit cache (cuda_ops/cross_int4.py). Bytes are those the op must move: the valid K/V positions plus q and
 out (and the fp8 scales). As in the engine, each op is timed inside a CUDA graph (no launch gaps),
 as the median over replays of one graph that calls it on several copies of its inputs, enough to
 pass 256 MB so that the L2 (60 MB on an H200) holds none of them, as a decode step's 32 layers'
@@ -42,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, write_json  # also puts the checkout on sys.path for cuda_ops
+from cuda_ops.cross_int4 import decode_attention_int4_triton, quantize_k, quantize_v
 from cuda_ops.attention import (FP8_TILE_TABLE, WAVES, Launch, choose_fp8_tile_launch, choose_launch, choose_num_splits,
                                 decode_attention_reference, decode_attention_triton, quantize_kv, quantize_kv_tiles)
 
@@ -120,9 +122,10 @@ def make_inputs(B: int, T: int, slots: int, gen: torch.Generator) -> dict:
     v8, v_scale = quantize_kv(v)
     k8t, k_tile = quantize_kv_tiles(k)
     v8t, v_tile = quantize_kv_tiles(v)
+    (k4, k4_scale), (v4, v4_scale) = quantize_k(k), quantize_v(v)
     rows = slice(None) if slot_ids is None else slot_ids.long()
     return dict(q=q, k=k, v=v, k8=k8, v8=v8, k_scale=k_scale, v_scale=v_scale, slot_ids=slot_ids,
-                k8t=k8t, v8t=v8t, k_tile=k_tile, v_tile=v_tile,
+                k8t=k8t, v8t=v8t, k_tile=k_tile, v_tile=v_tile, k4=k4, v4=v4, k4_scale=k4_scale, v4_scale=v4_scale,
                 k_rows=k[rows], v_rows=v[rows], out=torch.empty_like(q))  # fmt: skip
 
 
@@ -131,7 +134,7 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
     from triton.testing import do_bench
 
     gen = torch.Generator(device=DEV).manual_seed(0)
-    kv_bytes = slots * H * T * D * 2 * 4  # fp16 + two fp8 caches of one copy
+    kv_bytes = slots * H * T * D * 2 * 5  # fp16 + two fp8 caches + the 4-bit one of one copy
     # At least 2 copies and 4 calls per graph (cycling over the copies): with one call per graph
     # (the rows before session 7 at B >= 32) the replay's own launch sat inside the timed region
     # (session 6, B = 32, the same launch: 46 us in these rows against 41 in the sweep's 3 calls).
@@ -157,8 +160,14 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
             c["q"], c["k8t"], c["v8t"], lengths, k_scale=c["k_tile"], v_scale=c["v_tile"], slot_ids=c["slot_ids"], out=c["out"]
         )
 
-    times = {name: graph_ms([make(c) for c in sets]) for name, make in
-             (("sdpa_fp16", sdpa), ("ours_fp16", ours_fp16), ("ours_fp8", ours_fp8), ("ours_fp8_tile", ours_fp8_tile))}  # fmt: skip
+    def ours_int4(c):  # the 4-bit cross cache (cuda_ops/cross_int4.py): every position, no lengths
+        return lambda: decode_attention_int4_triton(c["q"], c["k4"], c["v4"], c["k4_scale"], c["v4_scale"],
+                                                    c["slot_ids"], out=c["out"])
+
+    ops = [("sdpa_fp16", sdpa), ("ours_fp16", ours_fp16), ("ours_fp8", ours_fp8), ("ours_fp8_tile", ours_fp8_tile)]
+    if not varying:
+        ops.append(("ours_int4", ours_int4))
+    times = {name: graph_ms([make(c) for c in sets]) for name, make in ops}
     eager_fp8 = graph_ms([ours_fp8(sets[0])]) if DRY else do_bench(ours_fp8(sets[0]), warmup=25, rep=200, return_mode="median")
     positions = int(lengths.sum())
     qo_bytes = 2 * B * H * D * 2
@@ -167,6 +176,7 @@ def run_case(kind: str, B: int, T: int, lengths: torch.Tensor, slots: int, ceili
         "ours_fp16": positions * H * D * 2 * 2 + qo_bytes,
         "ours_fp8": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4,
         "ours_fp8_tile": positions * H * D * 1 * 2 + qo_bytes + 2 * B * H * 4 * -(-T // 128),
+        "ours_int4": positions * H * D + qo_bytes + B * H * (-(-T // 128) * D + T) * 2,  # codes, fp16 scales
     }
     tile_launch = choose_fp8_tile_launch(B * H, T, SMS)
     row = {"kind": kind, "B": B, "T": T, "mean_length": positions / B, "splits": choose_num_splits(B * H, T, SMS, WAVES),
@@ -397,10 +407,13 @@ def fp8_summary(rows: list[dict], sweep_result: dict | None, ceiling: float) -> 
         out.append({"B": r["B"], "launch": r["launch_fp8_tile"], "programs": r["B"] * H * r["splits_fp8_tile"],
                     "us": round(c["ms"] * 1e3, 1), "GBps": round(c["GBps"]), "pct_of_copy": round(c["pct_of_copy"], 1),
                     "target_80": c["pct_of_copy"] >= 80, "sdpa_fp16_us": round(r["sdpa_fp16"]["ms"] * 1e3, 1),
+                    "int4_us": round(r["ours_int4"]["ms"] * 1e3, 1), "int4_pct": round(r["ours_int4"]["pct_of_copy"], 1),
+                    "int4_vs_fp8": round(c["ms"] / r["ours_int4"]["ms"], 2),
                     "sweep_best": f"{b['name']} {b['us']} us ({b['pct_of_copy']} %)" if b else None})
     print(f"\nFP8 cross-attention (tile scales, T={CROSS_T}, H={H}), chosen launch vs the copy bandwidth "
           f"{ceiling:.0f} GB/s (target >= 80 %)")
-    cols = ["B", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "launch", "sweep_best"]
+    cols = ["B", "programs", "us", "GBps", "pct_of_copy", "target_80", "sdpa_fp16_us", "int4_us", "int4_pct",
+            "int4_vs_fp8", "launch", "sweep_best"]
     print("  ".join(f"{c:>12}" for c in cols))
     for r in out:
         print("  ".join(f"{str(r[c]):>12}" for c in cols))

@@ -28,6 +28,7 @@ elsewhere. Under TRITON_INTERPRET=1 the `*_triton` launchers run on the CPU (the
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor
@@ -38,9 +39,10 @@ from cuda_ops.attention import SCALE_TILE, WAVES_FP8, _decode_reduce_kernel, aut
 QMAX = 7  # symmetric codes in [-7, 7]
 OFFSET = 8  # stored as q + 8 in a nibble
 SCALE_FLOOR = 2.0**-14  # fp16's smallest normal
-BLOCK_T = 64  # positions per loop step of the decode kernel (divides SCALE_TILE)
-NUM_WARPS = 4
-STAGES = 2  # cp.async pipelining of the loop (as attention.py's v7)
+# The decode kernel's launch: positions per loop step (divides SCALE_TILE), warps, cp.async stages of
+# the loop (as attention.py's v7). STREAMER_INT4_ATTN_LAUNCH="64x4x3" overrides (the sweep:
+# benchmarks/sweep_int4_attention.py).
+BLOCK_T, NUM_WARPS, STAGES = (int(x) for x in os.environ.get("STREAMER_INT4_ATTN_LAUNCH", "64x4x3").split("x"))
 WRITE_WARPS = 4
 
 
@@ -238,8 +240,8 @@ def decode_attention_int4_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_
     _check(q, k_codes, v_codes, k_scale, v_scale, slot_ids)
     B, H, D = q.shape
     T = k_codes.shape[2]
-    if SCALE_TILE % block_t:
-        raise ValueError(f"block_t must divide SCALE_TILE={SCALE_TILE}, got {block_t}")
+    if SCALE_TILE % block_t or D % 8:
+        raise ValueError(f"block_t must divide SCALE_TILE={SCALE_TILE} (got {block_t}) and D be a multiple of 8 (got {D})")
     out = torch.empty_like(q) if out is None else out
     splits = num_splits or auto_fp8_tile_splits(B * H, T, num_sms(q.device), WAVES_FP8)
     chunk = triton.cdiv(triton.cdiv(T, splits), SCALE_TILE) * SCALE_TILE
@@ -247,13 +249,14 @@ def decode_attention_int4_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_
     part_m = torch.empty(B * H * splits, device=q.device, dtype=torch.float32)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
+    kw, vw = k_codes.view(torch.int32), v_codes.view(torch.int32)  # 4 code bytes (8 values) a word
     _decode_int4_kernel[(B * H, splits)](
-        q, k_codes, v_codes, k_scale, v_scale, slot_ids if slot_ids is not None else part_m,
+        q, kw, vw, k_scale, v_scale, slot_ids if slot_ids is not None else part_m,
         part_m, part_l, part_acc, out, math.log2(math.e) / math.sqrt(D), H, T, chunk,
-        q.stride(0), q.stride(1), k_codes.stride(0), k_codes.stride(1), k_codes.stride(2),
+        q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), v_scale.stride(0), v_scale.stride(1),
         out.stride(0), out.stride(1), splits,
-        HAS_SLOTS=slot_ids is not None, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, HALF=D // 2, STAGES=stages,
+        HAS_SLOTS=slot_ids is not None, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, WORDS=D // 8, STAGES=stages,
         num_warps=num_warps, num_stages=max(1, stages),
     )  # fmt: skip
     if splits > 1:
@@ -264,30 +267,83 @@ def decode_attention_int4_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_
     return out
 
 
+# Unpacking without int -> float conversions, whose quarter rate bound the first version of this kernel
+# (35 % of copy bandwidth against FP8's 100 %; H200, session 13): nibble n moved to mantissa bits 19-22
+# and OR-ed into the exponent of 16.0 is the float 16 + n (one shift and one LOP3), i.e. q + 24 for
+# the stored code q + 8; the 24s are taken out once per tile (K: 24 x the sum of q x scale over the
+# channels) and once per row (V: 24 x the lanes' sum of p x scale). A row of D values is D / 8 int32
+# words; nibble j of word w (bits 4j..4j+3) holds channel 4w + j // 2 (even j: a byte's low nibble)
+# or D/2 + 4w + j // 2 (odd j). The kernel keeps the 8 nibbles of a word as 8 [BLOCK_T, WORDS]
+# tiles in the words' own layout: no data moves between threads until the row's score is summed.
+
+
 @jit
-def _int4_step(t0, end, q_lo, q_hi, m_i, l_i, acc_lo, acc_hi, k_base, v_base, ks_base, vs_base, d,
-               stride_ct, stride_kst, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HALF: tl.constexpr):
+def _nib(words, J: tl.constexpr):
+    """Nibble J of each int32 word as the float 16 + n."""
+    if J <= 4:
+        bits = words << (19 - 4 * J)
+    else:
+        bits = words >> (4 * J - 19)
+    return ((bits & 0x00780000) | 0x41800000).to(tl.float32, bitcast=True)
+
+
+@jit
+def _ch(w, J: tl.constexpr, WORDS: tl.constexpr):
+    """Channel of nibble J of word w."""
+    if J % 2 == 0:
+        return 4 * w + J // 2
+    else:
+        return 4 * WORDS + 4 * w + J // 2
+
+
+@jit
+def _acc(acc, alpha, pv, vw, J: tl.constexpr):
+    return acc * alpha[:, None] + pv[:, None] * _nib(vw, J)
+
+
+@jit
+def _int4_step(t0, end, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, lv,
+               a0, a1, a2, a3, a4, a5, a6, a7, k_base, v_base, ks_base, vs_base, w,
+               stride_ct, stride_kst, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, WORDS: tl.constexpr):
     """Positions [t0, t0 + BLOCK_T): per-lane online softmax, as attention.py's v7."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     mask_t = offs_t < end
-    rows = offs_t[:, None] * stride_ct + d[None, :]
-    kc = tl.load(k_base + rows, mask=mask_t[:, None], other=0)  # masked: s = -inf, p = 0
-    vc = tl.load(v_base + rows, mask=mask_t[:, None], other=0)
-    ks = ks_base + (t0 // SCALE_TILE) * stride_kst  # BLOCK_T divides SCALE_TILE: one scale row a step
-    qk_lo = q_lo * tl.load(ks + d).to(tl.float32)
-    qk_hi = q_hi * tl.load(ks + HALF + d).to(tl.float32)
-    k_lo = (kc & 15).to(tl.float32) - 8.0
-    k_hi = (kc >> 4).to(tl.float32) - 8.0
-    s = tl.sum(k_lo * qk_lo[None, :], axis=1) + tl.sum(k_hi * qk_hi[None, :], axis=1)  # base-2 logits
-    s = tl.where(mask_t, s, float("-inf"))
+    rows = offs_t[:, None] * stride_ct + w[None, :]
+    kw = tl.load(k_base + rows, mask=mask_t[:, None], other=0)  # masked: s = -inf, p = 0
+    vw = tl.load(v_base + rows, mask=mask_t[:, None], other=0)
+    ks = ks_base + (t0 // SCALE_TILE) * stride_kst  # BLOCK_T divides the tile: one scale row a step
+    k0 = q0 * tl.load(ks + _ch(w, 0, WORDS)).to(tl.float32)
+    k1 = q1 * tl.load(ks + _ch(w, 1, WORDS)).to(tl.float32)
+    k2 = q2 * tl.load(ks + _ch(w, 2, WORDS)).to(tl.float32)
+    k3 = q3 * tl.load(ks + _ch(w, 3, WORDS)).to(tl.float32)
+    k4 = q4 * tl.load(ks + _ch(w, 4, WORDS)).to(tl.float32)
+    k5 = q5 * tl.load(ks + _ch(w, 5, WORDS)).to(tl.float32)
+    k6 = q6 * tl.load(ks + _ch(w, 6, WORDS)).to(tl.float32)
+    k7 = q7 * tl.load(ks + _ch(w, 7, WORDS)).to(tl.float32)
+    offset = 24.0 * tl.sum(k0 + k1 + k2 + k3 + k4 + k5 + k6 + k7, axis=0)
+    s2 = _nib(kw, 0) * k0[None, :] + _nib(kw, 1) * k1[None, :] + _nib(kw, 2) * k2[None, :] + _nib(kw, 3) * k3[None, :]
+    s2 += _nib(kw, 4) * k4[None, :] + _nib(kw, 5) * k5[None, :] + _nib(kw, 6) * k6[None, :] + _nib(kw, 7) * k7[None, :]
+    s = tl.where(mask_t, tl.sum(s2, axis=1) - offset, float("-inf"))  # base-2 logits
     vsc = tl.load(vs_base + offs_t, mask=mask_t, other=0.0).to(tl.float32)
     m_new = tl.maximum(m_i, s)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new)
-    pv = (p * vsc)[:, None]
-    acc_lo = acc_lo * alpha[:, None] + pv * ((vc & 15).to(tl.float32) - 8.0)
-    acc_hi = acc_hi * alpha[:, None] + pv * ((vc >> 4).to(tl.float32) - 8.0)
-    return m_new, l_i * alpha + p, acc_lo, acc_hi
+    pv = p * vsc
+    a0 = _acc(a0, alpha, pv, vw, 0)
+    a1 = _acc(a1, alpha, pv, vw, 1)
+    a2 = _acc(a2, alpha, pv, vw, 2)
+    a3 = _acc(a3, alpha, pv, vw, 3)
+    a4 = _acc(a4, alpha, pv, vw, 4)
+    a5 = _acc(a5, alpha, pv, vw, 5)
+    a6 = _acc(a6, alpha, pv, vw, 6)
+    a7 = _acc(a7, alpha, pv, vw, 7)
+    return m_new, l_i * alpha + p, lv * alpha + pv, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@jit
+def _store_nib(out, acc, wt, lv_sum, inv, w, J: tl.constexpr, WORDS: tl.constexpr):
+    o = (tl.sum(acc * wt[:, None], axis=0) - 24.0 * lv_sum) * inv
+    tl.store(out + _ch(w, J, WORDS), o.to(out.dtype.element_ty))
 
 
 @jit
@@ -297,9 +353,10 @@ def _decode_int4_kernel(
     stride_qb, stride_qh, stride_cs, stride_ch, stride_ct,
     stride_kss, stride_ksh, stride_kst, stride_vss, stride_vsh,
     stride_ob, stride_oh, num_splits,
-    HAS_SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, HALF: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, WORDS: tl.constexpr,
     STAGES: tl.constexpr,
 ):  # fmt: skip
+    # k_ptr, v_ptr: the codes as int32 words [S, H, T, WORDS] (strides in words)
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
     b = pid // H
@@ -310,39 +367,53 @@ def _decode_int4_kernel(
         slot = tl.load(slot_ptr + b).to(tl.int64)
     else:
         slot = b.to(tl.int64)
-    d = tl.arange(0, HALF)
-    q_base = q_ptr + b * stride_qb + h * stride_qh
-    q_lo = tl.load(q_base + d).to(tl.float32) * qk_scale
-    q_hi = tl.load(q_base + HALF + d).to(tl.float32) * qk_scale
+    w = tl.arange(0, WORDS)
+    qb = q_ptr + b * stride_qb + h * stride_qh
+    q0 = tl.load(qb + _ch(w, 0, WORDS)).to(tl.float32) * qk_scale
+    q1 = tl.load(qb + _ch(w, 1, WORDS)).to(tl.float32) * qk_scale
+    q2 = tl.load(qb + _ch(w, 2, WORDS)).to(tl.float32) * qk_scale
+    q3 = tl.load(qb + _ch(w, 3, WORDS)).to(tl.float32) * qk_scale
+    q4 = tl.load(qb + _ch(w, 4, WORDS)).to(tl.float32) * qk_scale
+    q5 = tl.load(qb + _ch(w, 5, WORDS)).to(tl.float32) * qk_scale
+    q6 = tl.load(qb + _ch(w, 6, WORDS)).to(tl.float32) * qk_scale
+    q7 = tl.load(qb + _ch(w, 7, WORDS)).to(tl.float32) * qk_scale
     k_base = k_ptr + slot * stride_cs + h * stride_ch
     v_base = v_ptr + slot * stride_cs + h * stride_ch
     ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
     vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
     m_i = tl.full((BLOCK_T,), -1e30, tl.float32)
     l_i = tl.zeros((BLOCK_T,), tl.float32)
-    acc_lo = tl.zeros((BLOCK_T, HALF), tl.float32)
-    acc_hi = tl.zeros((BLOCK_T, HALF), tl.float32)
+    lv = tl.zeros((BLOCK_T,), tl.float32)
+    a0 = tl.zeros((BLOCK_T, WORDS), tl.float32)
+    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
     if STAGES >= 2:
         for t0 in tl.range(start, end, BLOCK_T, num_stages=STAGES):
-            m_i, l_i, acc_lo, acc_hi = _int4_step(t0, end, q_lo, q_hi, m_i, l_i, acc_lo, acc_hi, k_base, v_base,
-                                                  ks_base, vs_base, d, stride_ct, stride_kst, BLOCK_T, SCALE_TILE, HALF)
+            m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7 = _int4_step(
+                t0, end, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7,
+                k_base, v_base, ks_base, vs_base, w, stride_ct, stride_kst, BLOCK_T, SCALE_TILE, WORDS)
     else:
         for t0 in range(start, end, BLOCK_T):
-            m_i, l_i, acc_lo, acc_hi = _int4_step(t0, end, q_lo, q_hi, m_i, l_i, acc_lo, acc_hi, k_base, v_base,
-                                                  ks_base, vs_base, d, stride_ct, stride_kst, BLOCK_T, SCALE_TILE, HALF)
+            m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7 = _int4_step(
+                t0, end, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7,
+                k_base, v_base, ks_base, vs_base, w, stride_ct, stride_kst, BLOCK_T, SCALE_TILE, WORDS)
     m_max = tl.max(m_i, axis=0)
-    w = tl.exp2(m_i - m_max)
-    l_sum = tl.sum(l_i * w, axis=0)
-    o_lo = tl.sum(acc_lo * w[:, None], axis=0)
-    o_hi = tl.sum(acc_hi * w[:, None], axis=0)
+    wt = tl.exp2(m_i - m_max)
+    l_sum = tl.sum(l_i * wt, axis=0)
+    lv_sum = tl.sum(lv * wt, axis=0)
     if num_splits == 1:
-        inv = tl.where(l_sum > 0, 1.0 / tl.maximum(l_sum, 1e-30), 0.0)
-        o_base = out_ptr + b * stride_ob + h * stride_oh
-        tl.store(o_base + d, (o_lo * inv).to(out_ptr.dtype.element_ty))
-        tl.store(o_base + HALF + d, (o_hi * inv).to(out_ptr.dtype.element_ty))
+        out = out_ptr + b * stride_ob + h * stride_oh
+        inv = tl.where(l_sum > 0, 1.0 / tl.maximum(l_sum, 1e-30), 0.0)  # length 0 -> zeros
     else:
         part = pid * num_splits + split
         tl.store(part_m_ptr + part, m_max)
         tl.store(part_l_ptr + part, l_sum)
-        tl.store(part_acc_ptr + part * (2 * HALF) + d, o_lo)
-        tl.store(part_acc_ptr + part * (2 * HALF) + HALF + d, o_hi)
+        out = part_acc_ptr + part * (8 * WORDS)
+        inv = 1.0
+    _store_nib(out, a0, wt, lv_sum, inv, w, 0, WORDS)
+    _store_nib(out, a1, wt, lv_sum, inv, w, 1, WORDS)
+    _store_nib(out, a2, wt, lv_sum, inv, w, 2, WORDS)
+    _store_nib(out, a3, wt, lv_sum, inv, w, 3, WORDS)
+    _store_nib(out, a4, wt, lv_sum, inv, w, 4, WORDS)
+    _store_nib(out, a5, wt, lv_sum, inv, w, 5, WORDS)
+    _store_nib(out, a6, wt, lv_sum, inv, w, 6, WORDS)
+    _store_nib(out, a7, wt, lv_sum, inv, w, 7, WORDS)

@@ -1,0 +1,85 @@
+"""Sweep the launch of the 4-bit cross-attention kernel (cuda_ops/cross_int4.py) on the GPU.
+
+Large-v3 cross-attention (H=20, T=1500, D=64); per batch, every launch (positions per step x warps x
+cp.async stages) checked against the fp32 reference, then timed under CUDA graphs over enough copies
+of the cache to leave the L2 cold (bench_attention.py's method), beside the FP8 tile cache's kernel
+as the engine runs it. Prints the table and the launch with the least time summed over the batches
+(`best: BxWxS`, for STREAMER_INT4_ATTN_LAUNCH); JSON under benchmarks/results.
+
+    python benchmarks/sweep_int4_attention.py [--batches 1,8,32,128,256] [--out sweep_int4_attention.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench_attention import capture, copy_bandwidth_gbps, replay_us
+from common import environment, write_json
+from cuda_ops.attention import decode_attention_triton, quantize_kv_tiles
+from cuda_ops.cross_int4 import decode_attention_int4_reference, decode_attention_int4_triton, quantize_k, quantize_v
+
+H, T, D = 20, 1500, 64
+LAUNCHES = [(32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 2),
+            (64, 2, 3), (128, 4, 3)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", default="1,8,32,128,256")
+    p.add_argument("--out", default="sweep_int4_attention.json")
+    args = p.parse_args()
+    ceiling = copy_bandwidth_gbps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, total = [], {}
+    for B in (int(x) for x in args.batches.split(",")):
+        bytes_int4 = B * H * (T * D + (-(-T // 128) * D + T) * 2)
+        copies = max(2, min(16, -(-400_000_000 // (bytes_int4 * 3))))
+        sets = []
+        for _ in range(copies):
+            k = torch.randn(B, H, T, D, device="cuda", dtype=torch.float16, generator=gen)
+            v = torch.randn(B, H, T, D, device="cuda", dtype=torch.float16, generator=gen)
+            q = torch.randn(B, H, D, device="cuda", dtype=torch.float16, generator=gen)
+            (kc, ks), (vc, vs) = quantize_k(k), quantize_v(v)
+            (k8, k8s), (v8, v8s) = quantize_kv_tiles(k), quantize_kv_tiles(v)
+            sets.append(dict(q=q, kc=kc, vc=vc, ks=ks, vs=vs, k8=k8, v8=v8, k8s=k8s, v8s=v8s, out=torch.empty_like(q)))
+            del k, v
+        sets = [sets[i % copies] for i in range(max(4, copies))]
+        lengths = torch.full((B,), T, dtype=torch.int32, device="cuda")
+        c = sets[0]
+        ref = decode_attention_int4_reference(c["q"], c["kc"], c["vc"], c["ks"], c["vs"]).float()
+        fp8_calls = [lambda c=c: decode_attention_triton(c["q"], c["k8"], c["v8"], lengths, k_scale=c["k8s"],
+                                                         v_scale=c["v8s"], out=c["out"]) for c in sets]
+        fp8_us = replay_us(capture(fp8_calls), fp8_calls, reps=20)
+        row = {"B": B, "fp8_tile_us": fp8_us, "int4_bytes": bytes_int4, "launches": {}}
+        for bt, nw, st in LAUNCHES:
+            name = f"{bt}x{nw}x{st}"
+            try:
+                got = decode_attention_int4_triton(c["q"], c["kc"], c["vc"], c["ks"], c["vs"], block_t=bt, num_warps=nw,
+                                                   stages=st).float()
+                err = (got - ref).abs().max().item()
+                calls = [lambda c=c, bt=bt, nw=nw, st=st: decode_attention_int4_triton(
+                    c["q"], c["kc"], c["vc"], c["ks"], c["vs"], out=c["out"], block_t=bt, num_warps=nw, stages=st)
+                    for c in sets]
+                us = replay_us(capture(calls), calls, reps=20)
+            except Exception as e:  # noqa: BLE001
+                row["launches"][name] = {"error": repr(e)[:200]}
+                continue
+            pct = 100 * bytes_int4 / us / 1e3 / ceiling
+            row["launches"][name] = {"us": us, "pct_of_copy": pct, "max_err": err}
+            total[name] = total.get(name, 0.0) + us
+        rows.append(row)
+        ok = {n: r for n, r in row["launches"].items() if "us" in r}
+        best = min(ok, key=lambda n: ok[n]["us"])
+        print(f"B={B:>4}: FP8 tile {fp8_us:7.1f} us | " + "  ".join(f"{n} {r['us']:.1f}" for n, r in ok.items())
+              + f" | best {best} {ok[best]['us']:.1f} us ({ok[best]['pct_of_copy']:.0f} % of copy, "
+              f"{fp8_us / ok[best]['us']:.2f}x FP8), max err {max(r['max_err'] for r in ok.values()):.2e}", flush=True)
+    best = min((n for n in total if all(n in r["launches"] and "us" in r["launches"][n] for r in rows)), key=total.get)
+    print(f"best: {best}")
+    write_json(args.out, {"environment": environment(), "copy_GBps": ceiling, "H": H, "T": T, "D": D, "rows": rows,
+                          "sum_us": total, "best": best})
+
+
+if __name__ == "__main__":
+    main()

@@ -71,6 +71,9 @@ def main() -> None:
             total[name] = total.get(name, 0.0) + us
         rows.append(row)
         ok = {n: r for n, r in row["launches"].items() if "us" in r}
+        if not ok:
+            print(f"B={B:>4}: every launch failed: {next(iter(row['launches'].values()))}", flush=True)
+            continue
         best = min(ok, key=lambda n: ok[n]["us"])
         print(f"B={B:>4}: FP8 tile {fp8_us:7.1f} us | " + "  ".join(f"{n} {r['us']:.1f}" for n, r in ok.items())
               + f" | best {best} {ok[best]['us']:.1f} us ({ok[best]['pct_of_copy']:.0f} % of copy, "

@@ -347,6 +347,19 @@ def _store_nib(out, acc, wt, lv_sum, inv, w, J: tl.constexpr, WORDS: tl.constexp
 
 
 @jit
+def _store_all(out, a0, a1, a2, a3, a4, a5, a6, a7, wt, lv_sum, inv, w, WORDS: tl.constexpr):
+    """The row's output (or a split's unnormalised partial, inv = 1) at each nibble tile's channels."""
+    _store_nib(out, a0, wt, lv_sum, inv, w, 0, WORDS)
+    _store_nib(out, a1, wt, lv_sum, inv, w, 1, WORDS)
+    _store_nib(out, a2, wt, lv_sum, inv, w, 2, WORDS)
+    _store_nib(out, a3, wt, lv_sum, inv, w, 3, WORDS)
+    _store_nib(out, a4, wt, lv_sum, inv, w, 4, WORDS)
+    _store_nib(out, a5, wt, lv_sum, inv, w, 5, WORDS)
+    _store_nib(out, a6, wt, lv_sum, inv, w, 6, WORDS)
+    _store_nib(out, a7, wt, lv_sum, inv, w, 7, WORDS)
+
+
+@jit
 def _decode_int4_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     qk_scale, H, T, chunk,
@@ -401,19 +414,10 @@ def _decode_int4_kernel(
     l_sum = tl.sum(l_i * wt, axis=0)
     lv_sum = tl.sum(lv * wt, axis=0)
     if num_splits == 1:
-        out = out_ptr + b * stride_ob + h * stride_oh
         inv = tl.where(l_sum > 0, 1.0 / tl.maximum(l_sum, 1e-30), 0.0)  # length 0 -> zeros
+        _store_all(out_ptr + b * stride_ob + h * stride_oh, a0, a1, a2, a3, a4, a5, a6, a7, wt, lv_sum, inv, w, WORDS)
     else:
         part = pid * num_splits + split
         tl.store(part_m_ptr + part, m_max)
         tl.store(part_l_ptr + part, l_sum)
-        out = part_acc_ptr + part * (8 * WORDS)
-        inv = 1.0
-    _store_nib(out, a0, wt, lv_sum, inv, w, 0, WORDS)
-    _store_nib(out, a1, wt, lv_sum, inv, w, 1, WORDS)
-    _store_nib(out, a2, wt, lv_sum, inv, w, 2, WORDS)
-    _store_nib(out, a3, wt, lv_sum, inv, w, 3, WORDS)
-    _store_nib(out, a4, wt, lv_sum, inv, w, 4, WORDS)
-    _store_nib(out, a5, wt, lv_sum, inv, w, 5, WORDS)
-    _store_nib(out, a6, wt, lv_sum, inv, w, 6, WORDS)
-    _store_nib(out, a7, wt, lv_sum, inv, w, 7, WORDS)
+        _store_all(part_acc_ptr + part * (8 * WORDS), a0, a1, a2, a3, a4, a5, a6, a7, wt, lv_sum, 1.0, w, WORDS)

@@ -250,10 +250,12 @@ def decode_attention_int4_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
     kw, vw = k_codes.view(torch.int32), v_codes.view(torch.int32)  # 4 code bytes (8 values) a word
+    if kw.stride(2) != D // 8:
+        raise ValueError("the codes' positions must be contiguous rows of D/2 bytes")
     _decode_int4_kernel[(B * H, splits)](
         q, kw, vw, k_scale, v_scale, slot_ids if slot_ids is not None else part_m,
         part_m, part_l, part_acc, out, math.log2(math.e) / math.sqrt(D), H, T, chunk,
-        q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
+        q.stride(0), q.stride(1), kw.stride(0), kw.stride(1),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), v_scale.stride(0), v_scale.stride(1),
         out.stride(0), out.stride(1), splits,
         HAS_SLOTS=slot_ids is not None, BLOCK_T=block_t, SCALE_TILE=SCALE_TILE, WORDS=D // 8, STAGES=stages,
@@ -304,11 +306,11 @@ def _acc(acc, alpha, pv, vw, J: tl.constexpr):
 @jit
 def _int4_step(t0, end, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, lv,
                a0, a1, a2, a3, a4, a5, a6, a7, k_base, v_base, ks_base, vs_base, w,
-               stride_ct, stride_kst, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, WORDS: tl.constexpr):
+               stride_kst, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, WORDS: tl.constexpr):
     """Positions [t0, t0 + BLOCK_T): per-lane online softmax, as attention.py's v7."""
     offs_t = t0 + tl.arange(0, BLOCK_T)
     mask_t = offs_t < end
-    rows = offs_t[:, None] * stride_ct + w[None, :]
+    rows = offs_t[:, None] * WORDS + w[None, :]  # rows contiguous: WORDS a constant, so loads are 16-byte vectors
     kw = tl.load(k_base + rows, mask=mask_t[:, None], other=0)  # masked: s = -inf, p = 0
     vw = tl.load(v_base + rows, mask=mask_t[:, None], other=0)
     ks = ks_base + (t0 // SCALE_TILE) * stride_kst  # BLOCK_T divides the tile: one scale row a step
@@ -363,13 +365,13 @@ def _store_all(out, a0, a1, a2, a3, a4, a5, a6, a7, wt, lv_sum, inv, w, WORDS: t
 def _decode_int4_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     qk_scale, H, T, chunk,
-    stride_qb, stride_qh, stride_cs, stride_ch, stride_ct,
+    stride_qb, stride_qh, stride_cs, stride_ch,
     stride_kss, stride_ksh, stride_kst, stride_vss, stride_vsh,
     stride_ob, stride_oh, num_splits,
     HAS_SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, SCALE_TILE: tl.constexpr, WORDS: tl.constexpr,
     STAGES: tl.constexpr,
 ):  # fmt: skip
-    # k_ptr, v_ptr: the codes as int32 words [S, H, T, WORDS] (strides in words)
+    # k_ptr, v_ptr: the codes as int32 words [S, H, T, WORDS], each slot-head's T x WORDS contiguous
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
     b = pid // H
@@ -403,12 +405,12 @@ def _decode_int4_kernel(
         for t0 in tl.range(start, end, BLOCK_T, num_stages=STAGES):
             m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7 = _int4_step(
                 t0, end, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7,
-                k_base, v_base, ks_base, vs_base, w, stride_ct, stride_kst, BLOCK_T, SCALE_TILE, WORDS)
+                k_base, v_base, ks_base, vs_base, w, stride_kst, BLOCK_T, SCALE_TILE, WORDS)
     else:
         for t0 in range(start, end, BLOCK_T):
             m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7 = _int4_step(
                 t0, end, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, lv, a0, a1, a2, a3, a4, a5, a6, a7,
-                k_base, v_base, ks_base, vs_base, w, stride_ct, stride_kst, BLOCK_T, SCALE_TILE, WORDS)
+                k_base, v_base, ks_base, vs_base, w, stride_kst, BLOCK_T, SCALE_TILE, WORDS)
     m_max = tl.max(m_i, axis=0)
     wt = tl.exp2(m_i - m_max)
     l_sum = tl.sum(l_i * wt, axis=0)

@@ -18,8 +18,12 @@ values (keys have outlier channels, values outlier tokens):
 
 Bytes per head and position, K and V: 64 codes + 2 (K scales over 128 positions) + 2 (V scale) = 68
 against 128 + 0.06 for FP8 (0.53x). WER with tiny.en and base, the cache quantised this way
-(CPU, `fast` long-form on five English and two messy es/fr recordings): docs/benchmarks.md,
-"Session 13".
+(CPU, `fast` long-form on five English and two messy es/fr recordings; H200, 41 clips): as FP8's.
+
+Status: an A/B (`PRECISION=mixed_fp8:cross_kv_cache=int4`), in no preset. The decode kernel below is
+bound by instructions, not bytes: 0.54-0.71x the FP8 tile kernel's speed at B >= 32 on the H200
+(docs/benchmarks.md, session 13). A position costs ~1,000 thread-instructions here against FP8's 736,
+and both issue ~21 T/s; to pay, under ~350 (packed fp16x2 unpacking into tensor-core products).
 
 Each kernel has a pure-PyTorch reference; the dispatchers use the kernels on CUDA and the references
 elsewhere. Under TRITON_INTERPRET=1 the `*_triton` launchers run on the CPU (the tests).

@@ -68,8 +68,9 @@ class PrecisionConfig:
     """Storage of the cross-attention K/V cache (1500 tokens x 2 x d_model per layer, read on
     every decode step: the largest decoder read). "fp8" (e4m3, a scale per 128-position tile of a
     head) halves it and doubles the number of decoder slots that fit; "int4" (cuda_ops/cross_int4.py:
-    K scaled per channel and tile, V per position) reads 0.53x of FP8's bytes again, for a WER cost
-    measured in docs/benchmarks.md (Session 13). Both need the attention kernels that read them."""
+    K scaled per channel and tile, V per position) holds 0.53x of FP8's bytes with the same WER on
+    tiny.en and base, but its attention kernel is instruction-bound: 0.54-0.71x FP8's speed at B >= 32
+    on the H200 (docs/benchmarks.md, session 13), so no preset uses it (an A/B until a packed-math kernel)."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM

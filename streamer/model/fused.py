@@ -19,6 +19,7 @@ from cuda_ops.attention import decode_attention, dequantize_kv
 from cuda_ops.cross_int4 import decode_attention_int4, dequantize_k, dequantize_v, write_cross_kv_int4
 from cuda_ops.cross_kv import write_cross_kv_fp8
 from cuda_ops.fp8 import FP8Linear, ffn_fp8
+from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
 from cuda_ops.precision import PrecisionConfig
 from streamer.model.whisper import (DecoderBlock, EncoderBlock, LayerKV, Whisper, _merge_heads, _split_heads,
@@ -92,8 +93,7 @@ class FusedDecoderBlock(nn.Module):
         one_token = x.shape[1] == 1
         h, _ = _ln(x, self.attn_ln, fp8=isinstance(self.qkv, FP8Linear))
         q, k, v = (_split_heads(t, self.n_head) for t in self.qkv(h).chunk(3, dim=-1))
-        self_k[rows, :, positions] = k.transpose(1, 2)
-        self_v[rows, :, positions] = v.transpose(1, 2)
+        write_kv(k.transpose(1, 2), v.transpose(1, 2), self_k, self_v, rows, positions)
         if one_token:  # read each slot's valid positions only, not the whole context
             lengths = (positions[:, 0] + 1).to(torch.int32)
             a = decode_attention(q[:, :, 0], self_k, self_v, lengths)[:, :, None]

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Session 13, fourth call: gpu_s13c.sh with the codes read as 16-byte vectors (rows of a constant
-# stride); the profile of the 4-bit cache alone (mixed_fp8's is gpu_s13c's). Was: third call (issue 15): the 4-bit cross-attention kernel unpacked without int -> float
-# conversions (cuda_ops/cross_int4.py), after the two stage calls:
+# Session 13 (issue 15): the 4-bit cross cache (cuda_ops/cross_int4.py) on the H200, after the two
+# stage calls:
 #   run(command="bash benchmarks/gpu_s13d.sh", carry=[".carry/tiny_b"], timeout_s=600)
-# 1. its kernel tests on CUDA; 2. the launch sweep against the FP8 tile kernel, whose winner the
-# rest of the call runs (STREAMER_INT4_ATTN_LAUNCH); 3. 256 large-v3 windows, mixed_fp8 against the
-# 4-bit cache (profile_engine.py); 4. bench_engine.py with the 4-bit cache (tiny.en real weights).
+# 1. its kernel tests on CUDA; 2. the launch sweep against the FP8 tile kernel
+# (sweep_int4_attention.py), whose winner the rest of the call runs (STREAMER_INT4_ATTN_LAUNCH);
+# 3. 256 large-v3 windows with the 4-bit cache (profile_engine.py; add ",large-v3:mixed_fp8" to
+# --runs for FP8 in the same call). Session 13's earlier calls (s13b, s13c) are in git history.
 set -uo pipefail
 START=$SECONDS
 source benchmarks/gpu_assemble.sh || exit 2

@@ -114,7 +114,7 @@ def test_decode_attention_matches_the_reference(shape):
     write_cross_kv_int4_triton(y, kc, vc, ks, vs)
     q = (torch.randn(B, H, Dh, generator=torch.Generator().manual_seed(1)) * 2).half().to(DEVICE)
     _check_attention(q, kc, vc, ks, vs)  # the automatic split count
-    for splits in (1, 2, 3):
+    for splits in (1, 2, 3) if CUDA else (2,):  # the interpreter: one launch of each kind (auto is 1 or more)
         _check_attention(q, kc, vc, ks, vs, num_splits=splits)
     _check_attention(q, kc, vc, ks, vs, num_splits=1, stages=1)
 
@@ -126,7 +126,7 @@ def test_decode_attention_reads_the_slots_given():
     write_cross_kv_int4_triton(y, kc, vc, ks, vs)
     q = torch.randn(5, H, Dh, generator=torch.Generator().manual_seed(2)).half().to(DEVICE)
     slots = torch.tensor([2, 0, 2, 1, 0], dtype=torch.int32, device=DEVICE)
-    _check_attention(q, kc, vc, ks, vs, slots)
+    _check_attention(q, kc, vc, ks, vs, slots, num_splits=1)
     _check_attention(q, kc, vc, ks, vs, slots, num_splits=2)
     # each row is the attention over its own slot alone
     alone = decode_attention_int4_triton(q[1:2], kc[:1], vc[:1], ks[:1], vs[:1])

@@ -15,7 +15,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.mark.parametrize("B,T,H,Dh,dtype", [(1, 1, 1, 64, torch.float16), (5, 1, 6, 64, torch.float16),
                                             (3, 4, 20, 64, torch.float16), (2, 3, 3, 16, torch.float32),
-                                            (7, 1, 2, 128, torch.float32), (256, 1, 20, 64, torch.float16)])
+                                            (7, 1, 2, 128, torch.float32),
+                                            (256 if DEVICE == "cuda" else 17, 1, 20, 64, torch.float16)])
 def test_write_equals_the_index_assignment(B, T, H, Dh, dtype):
     gen = torch.Generator().manual_seed(B * 100 + T)
     ctx, slots, start = 448, B + 3, 2

@@ -270,5 +270,5 @@ def test_preset_errors_are_clear():
         precision.PrecisionConfig(encoder_ffn="int8")
     with pytest.raises(ValueError, match="use_fused_layernorm"):
         precision.PrecisionConfig(encoder_ffn="fp8", use_fused_layernorm=False)
-    with pytest.raises(ValueError, match="FP8 cross_kv_cache needs use_fused_layernorm"):
+    with pytest.raises(ValueError, match="fp8 cross_kv_cache needs use_fused_layernorm"):
         precision.PrecisionConfig(cross_kv_cache="fp8", use_fused_layernorm=False)

@@ -19,7 +19,7 @@ from typing import Literal
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
 CacheFormat = Literal["fp16", "fp8", "int4"]
-_CACHE_FORMATS = ("fp16", "fp8", "int4")  # the cross cache only (model/whisper.py, CROSS_FORMATS)
+CACHE_FORMATS = ("fp16", "fp8", "int4")  # the cross cache's storage (model/whisper.py, LayerKV)
 _SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
 _INTS = ("fp8_min_width",)  # every field in neither tuple is a site
 
@@ -94,7 +94,7 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            allowed = _CACHE_FORMATS if f.name == "cross_kv_cache" else _SITE_DTYPES
+            allowed = CACHE_FORMATS if f.name == "cross_kv_cache" else _SITE_DTYPES
             if f.name not in _SWITCHES + _INTS and value not in allowed:
                 raise ValueError(f"PrecisionConfig.{f.name} must be one of {allowed}, got {value!r}")
         ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cuda_ops.precision import CACHE_FORMATS  # torch-free: the formats PrecisionConfig.cross_kv_cache takes
+
 CROSS_SCALE_TILE = 128
 """Positions per scale of an FP8 cross cache (= cuda_ops.attention.SCALE_TILE; tests check it)."""
 
@@ -134,9 +136,6 @@ class AudioEncoder(nn.Module):
         return self.ln_post(x)
 
 
-CROSS_FORMATS = ("fp16", "fp8", "int4")  # the cross cache's storage (`PrecisionConfig.cross_kv_cache`)
-
-
 class LayerKV(nn.Module):
     """One decoder layer's slots: self-attention K/V [slots, H, n_text_ctx, Dh] and the windows'
     cross-attention K/V, stored as `cross_format` says (the largest read of a decode step):
@@ -149,8 +148,8 @@ class LayerKV(nn.Module):
 
     def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16"):
         super().__init__()
-        if cross_format not in CROSS_FORMATS:
-            raise ValueError(f"cross_format must be one of {CROSS_FORMATS}, got {cross_format!r}")
+        if cross_format not in CACHE_FORMATS:
+            raise ValueError(f"cross_format must be one of {CACHE_FORMATS}, got {cross_format!r}")
         h, dh, t = dims.n_text_head, dims.head_dim, dims.n_audio_ctx
         self.cross_format = cross_format
 
@@ -208,14 +207,11 @@ class KVCache(nn.Module):
     def bytes_per_slot(dims: ModelDims, itemsize: int, cross_format: str = "fp16", self_len: float | None = None) -> int:
         """A slot's K/V bytes: all of them (memory), or with `self_len` those a decode step reads
         (the self-attention's valid positions only; every cross position, scales included)."""
-        width = 2 * dims.n_text_head * dims.head_dim
+        # The cross buffers as LayerKV allocates them (on the meta device: shapes only, no memory).
+        layer = LayerKV(dims, 1, "meta", {2: torch.float16, 4: torch.float32}[itemsize], cross_format)
+        cross = sum(b.numel() * b.element_size() for name, b in layer.named_buffers() if name.startswith("cross"))
         self_len = dims.n_text_ctx if self_len is None else self_len
-        tiles = -(-dims.n_audio_ctx // CROSS_SCALE_TILE)
-        cross = {"fp16": width * itemsize,
-                 "fp8": width + 2 * dims.n_text_head * tiles * 4 / dims.n_audio_ctx,
-                 "int4": width / 2 + dims.n_text_head * (tiles * dims.head_dim + dims.n_audio_ctx) * 2 / dims.n_audio_ctx,
-                 }[cross_format]  # bytes per position
-        per_layer = width * self_len * itemsize + cross * dims.n_audio_ctx
+        per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross
         return int(per_layer * dims.n_text_layer)
 
 

@@ -5,11 +5,12 @@
 #
 # Here first, in the repo root of the checkout that makes the calls:
 #   python benchmarks/make_gpu_inputs.py --no-base     # builds .carry/ (ignored by git), ~5 s
-# then three device calls back to back (the machine stays warm 30 s after a call; /tmp/stage keeps
-# what the first two brought; if it went back, the third says what is missing: redo 1 and 2):
+# then four device calls back to back (the machine stays warm 30 s after a call; /tmp/stage keeps
+# what the stage calls brought; if it went back, the last says what is missing: redo 1-3):
 #   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a", ".carry/inputs"], timeout_s=60)
-#   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels", ".carry/audio"], timeout_s=60)
-#   3. run(command="bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)
+#   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels"], timeout_s=60)
+#   3. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/audio"], timeout_s=60)
+#   4. run(command="bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # A second full run while the machine is warm: call 3 again, with env vars in front, e.g.
 #   run(command="SKIP_TESTS=1 PRECISIONS=full_fp16 bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # Env: SHAPES (large-v3,large-v3-turbo), BATCHES (1,32,128,256), HF_BATCHES (1,32,128),

@@ -39,7 +39,8 @@ LIMIT = 64 * 2**20
 """What one device call may carry: working tree + carried paths."""
 CALLS = [  # the stage calls and the run call of benchmarks/gpu_session.sh, in order
     [".carry/tiny_a", ".carry/inputs"],
-    [".carry/wheels", ".carry/audio"],
+    [".carry/wheels"],
+    [".carry/audio"],
     [".carry/tiny_b"],
 ]
 # For a run that needs base too (gpu_uploads.sh): calls 1-3 and base_a, base_b stage their parts

@@ -538,7 +538,9 @@ def test_steps_launched_before_the_last_is_read_change_no_token(manifest, device
     """EngineConfig.async_steps: while only file windows decode, each decode step is queued before
     the one before it is read back (a sequence that ended is decoded once more, for nothing). Windows
     arriving while others decode, a beam search and a live final (each turns it off while it
-    decodes), a seeded sampled window and a cancelled one give the tokens of the synchronous engine."""
+    decodes), a seeded sampled window and a cancelled one give the tokens of the synchronous engine.
+    The file windows' first tokens and no-speech probabilities are read back with the next step's
+    (an admission without a host sync): the same values."""
     loaded = load_model("tiny.en", device, torch.float32 if device == "cpu" else torch.float16)
     audios = _pick(manifest, "en", 7, skip=20)
     jobs = [(a, DecodeOptions(language="en", temperatures=(0.0,))) for a in audios[:5]]
@@ -570,16 +572,24 @@ def test_steps_launched_before_the_last_is_read_change_no_token(manifest, device
             return decode_async(out)
 
         runner._decode_async = counted
+        flight, admissions = runner._flight, [0]
+
+        def deferred(*args, flight=flight, admissions=admissions):
+            admissions[0] += args[-1] is not None and len(args) == 4  # an admission's (no-speech given)
+            return flight(*args)
+
+        runner._flight = deferred
         try:
             results[flag] = asyncio.run(main(engine))
         finally:
             engine.close()
-        launched[flag] = count[0]
-        assert runner.in_flight is None  # nothing left unread once every window is done
-    assert launched[False] == 0 and launched[True] >= 10
+        launched[flag] = (count[0], admissions[0])
+        assert runner.in_flight == []  # nothing left unread once every window is done
+    assert launched[False] == (0, 0) and launched[True][0] >= 10 and launched[True][1] >= 2
     tb = loaded.tokenizer.timestamp_begin
     for got, want in zip(results[True], results[False], strict=True):
         assert got.text and got.temperature == want.temperature
+        assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=1e-6 if device == "cpu" else 2e-3)
         if device == "cpu":
             assert got.tokens == want.tokens
         else:  # fp16 GEMMs round per batch size, and batches form as the engine thread finds them

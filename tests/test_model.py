@@ -202,6 +202,28 @@ def test_kv_cache_buffers_are_registered():
     assert all(b[0].float().eq(1).all() for b in fp8.buffers())
 
 
+@pytest.mark.parametrize("cross_format", ["fp16", "fp8", "int4"])
+def test_move_rows_copies_the_cross_buffers_whole_and_the_self_positions_asked(cross_format):
+    """Compaction (`Runner._remove_rows`): slots `src` land in slots `dst` byte for byte, cross K/V
+    and scales whole, self K/V positions [0, upto) only; the rest of every slot is untouched. (The
+    buffers are copied as 8-byte words where their rows allow: FP8 codes, fp16, fp32 scales.)"""
+    dims = load_model("tiny.en").dims
+    cache = KVCache(dims, 5, torch.device("cpu"), torch.float16, cross_format=cross_format)
+    g = torch.Generator().manual_seed(0)
+    for b in cache.buffers():
+        b.view(torch.uint8).copy_(torch.randint(0, 120, b.view(torch.uint8).shape, generator=g, dtype=torch.uint8))
+    before = {n: b.clone() for n, b in cache.named_buffers()}
+    src, dst, upto = torch.tensor([3, 4]), torch.tensor([0, 2]), 7
+    cache.move_rows(src, dst, upto)
+    for name, b in cache.named_buffers():
+        old, new = before[name].view(torch.uint8), b.view(torch.uint8)
+        assert new[[1, 3, 4]].equal(old[[1, 3, 4]]), name
+        if name.split(".")[-1].startswith("self_"):
+            assert new[dst, :, :upto].equal(old[src, :, :upto]) and new[dst, :, upto:].equal(old[dst, :, upto:]), name
+        else:
+            assert new[dst].equal(old[src]), name
+
+
 def test_decoder_returns_the_cross_attention_logits_of_the_heads_asked(tiny, jfk_path):
     """`cross_qk_heads`: those heads' pre-softmax logits over the audio, in layer order, from the
     same pass that gives the hidden states; a `PassCache` pass equals a slot pass (word alignment)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -116,13 +117,25 @@ class _EncoderGraph:
 
 @dataclass
 class _InFlight:
-    """A decode step launched but not yet read back (`Runner.async_steps`): the sequences of its
-    rows, in row order at launch, and its tokens and log-probabilities on their way to the host."""
+    """Sampled tokens not yet read back (`Runner.async_steps`): of a decode step, or of an admission's
+    first tokens; the sequences of its rows, in row order at launch, and its tokens and
+    log-probabilities (and, for an admission, no-speech probabilities) on their way to the host."""
 
     seqs: list[Sequence]
     tokens: torch.Tensor  # [n] int64, pinned host memory, valid once `done` has passed
     logprobs: torch.Tensor  # [n] float32, likewise
     done: torch.cuda.Event | None  # None on the CPU
+    no_speech: torch.Tensor | None = None  # [n] float32, likewise (an admission's)
+
+
+class _PrefillInputs(NamedTuple):
+    """An admission's per-row inputs on the device, copied from the host before its encoder pass."""
+
+    tokens: torch.Tensor  # [k, T] initial tokens, shorter rows padded
+    last: torch.Tensor  # [k] position of the last initial token
+    sot: torch.Tensor  # [k] position of <|startoftranscript|>
+    timestamps: torch.Tensor  # [k] bool: timestamp rules on
+    temperature: torch.Tensor  # [k] float32
 
 
 @dataclass
@@ -166,7 +179,8 @@ class Runner:
         # without, same call), nor with a beam search live (its next step depends on the host's
         # choice of beams). Default: on with CUDA graphs; on the CPU the step is the host.
         self.async_steps = self.use_graphs if async_steps is None else async_steps
-        self.in_flight: _InFlight | None = None
+        # Read-backs pending, oldest first: at most a decode step's and an admission's first tokens.
+        self.in_flight: list[_InFlight] = []
         # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
         # decode steps (memory-bound) of the sequences already live, which go on at their own pace
         # instead of waiting for it; the batch joins them in the first step after its pass is done.
@@ -285,7 +299,7 @@ class Runner:
         """Drop every live sequence and encoder pass (after a failed step: the scheduler fails them)."""
         self.slots.clear()
         self.encoding.clear()
-        self.in_flight = None
+        self.in_flight = []
 
     def _decode_async(self, out: StepResult) -> None:
         """Launch a decode step over the live rows, then read back and record the step before it
@@ -293,37 +307,49 @@ class Runner:
         skipped). The new step stays in flight until the next call."""
         n = len(self.slots)
         tokens, logprobs, _ = self._launch(n)
+        launched = self._flight(list(self.slots), tokens, logprobs)  # before the next step overwrites them
+        self._finish_in_flight(out)
+        # Every sequence of the new step ended at the one before: its tokens are nobody's.
+        self.in_flight = [launched] if self.slots else []
+
+    def _flight(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor,
+                no_speech: torch.Tensor | None = None) -> _InFlight:
+        """Queue the copies of `seqs`' sampled tokens (rows [0, len(seqs)) of the device tensors) to
+        pinned host memory; nothing waits for them until `_finish_in_flight`."""
+        n = len(seqs)
         cuda = self.device.type == "cuda"  # (on the CPU, for tests: the step is done already)
-        host_tokens = torch.empty(n, dtype=torch.long, pin_memory=cuda)
-        host_logprobs = torch.empty(n, dtype=torch.float32, pin_memory=cuda)
-        host_tokens.copy_(tokens[:n], non_blocking=cuda)
-        host_logprobs.copy_(logprobs[:n], non_blocking=cuda)  # before the next step overwrites them
+
+        def host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            h = torch.empty(n, dtype=dtype, pin_memory=cuda)
+            return h.copy_(t[:n], non_blocking=cuda)
+
+        copies = (host(tokens, torch.long), host(logprobs, torch.float32),
+                  None if no_speech is None else host(no_speech, torch.float32))
         done = None
         if cuda:
             done = torch.cuda.Event()
             done.record()
-        launched = _InFlight(list(self.slots), host_tokens, host_logprobs, done)
-        self._finish_in_flight(out)
-        # Every sequence of the new step ended at the one before: its tokens are nobody's.
-        self.in_flight = launched if self.slots else None
+        return _InFlight(seqs, copies[0], copies[1], done, copies[2])
 
     def _finish_in_flight(self, out: StepResult) -> None:
-        """Record the step in flight, if any: wait for its copies, take the tokens of its sequences
-        that are still live (rows as they are now), remove the rows that end."""
-        flight, self.in_flight = self.in_flight, None
-        if flight is None:
-            return
-        if flight.done is not None:
-            flight.done.synchronize()
-        row_of = {id(s): i for i, s in enumerate(self.slots)}
-        rows, tokens, logprobs = [], [], []
-        for seq, token, logprob in zip(flight.seqs, flight.tokens.tolist(), flight.logprobs.tolist()):
-            row = row_of.get(id(seq))
-            if row is not None:
-                rows.append(row)
-                tokens.append(token)
-                logprobs.append(logprob)
-        self._record(rows, tokens, logprobs, None, out)
+        """Record the read-backs pending, oldest first: wait for their copies, take the tokens of
+        their sequences that are still live (rows as they are now), remove the rows that end."""
+        flights, self.in_flight = self.in_flight, []
+        for flight in flights:
+            if flight.done is not None:
+                flight.done.synchronize()
+            row_of = {id(s): i for i, s in enumerate(self.slots)}
+            if flight.no_speech is not None:
+                for seq, p in zip(flight.seqs, flight.no_speech.tolist()):
+                    seq.no_speech_prob = p
+            rows, tokens, logprobs = [], [], []
+            for seq, token, logprob in zip(flight.seqs, flight.tokens.tolist(), flight.logprobs.tolist()):
+                row = row_of.get(id(seq))
+                if row is not None:
+                    rows.append(row)
+                    tokens.append(token)
+                    logprobs.append(logprob)
+            self._record(rows, tokens, logprobs, None, out)
 
     def _record(self, rows: list[int], tokens: list[int], logprobs: list[float], top, out: StepResult) -> None:
         finished = []
@@ -396,9 +422,12 @@ class Runner:
         holes = [r for r in sorted(gone) if r < keep]
         movers = [i for i in range(keep, n) if i not in gone]
         if holes:
-            dst = torch.tensor(holes, device=self.device)
-            src = torch.tensor(movers, device=self.device)
-            self.cache.move_rows(src, dst)
+            dst, src = self._to_device(torch.tensor([holes, movers])).unbind()
+            # Positions written: each mover's tokens, plus an admission's first token and a launched
+            # step that may both be unread (async_steps).
+            upto = min(max(len(self.slots[m].initial) + len(self.slots[m].tokens) for m in movers) + 2,
+                       self.dims.n_text_ctx)
+            self.cache.move_rows(src, dst, upto)
             self.state.move_rows(src, dst)
             self.tokens_in[dst] = self.tokens_in[src]
             self.positions[dst] = self.positions[src]
@@ -453,7 +482,7 @@ class Runner:
         if not self.use_graphs:
             gumbel = self._gumbel(torch.zeros(n, self.dims.n_vocab, device=self.device), self.slots) if any_hot else None
             # Past every row's position (a sequence that ended at an unread step is one ahead).
-            kv_len = min(max(len(s.initial) + len(s.tokens) for s in self.slots) + (self.in_flight is not None),
+            kv_len = min(max(len(s.initial) + len(s.tokens) for s in self.slots) + bool(self.in_flight),
                          self.dims.n_text_ctx)
             timestamps = any(s.request.options.timestamps for s in self.slots)
             with attention_for("eager_step"):
@@ -581,8 +610,8 @@ class Runner:
             audio_features = audio_features.repeat_interleave(widths, dim=0)
         self.model.decoder.write_cross_kv(audio_features, self.cache, lo)
         seqs, inputs = prepared or self._prepare(expanded, lo)
-        logits = self._prefill(seqs, lo, inputs)
-        self._sample_first(seqs, logits, lo, out)
+        logits, no_speech = self._prefill(lo, inputs)
+        self._sample_first(seqs, logits, no_speech, lo, inputs, out)
         out.encoded.extend(r.id for r in requests)
 
     def _sequences(self, requests: list, languages: list[str]) -> list[Sequence]:
@@ -607,45 +636,55 @@ class Runner:
             seqs.append(Sequence(r, initial, r.initial.sot_index, language, limit, group=group, generator=generator))
         return seqs
 
-    def _prepare(self, requests: list, lo: int) -> tuple[list[Sequence], tuple]:
+    def _prepare(self, requests: list, lo: int) -> tuple[list[Sequence], _PrefillInputs]:
         """The rows' sequences (slots `lo...`) and prefill inputs; a language to detect reads the
         rows' cross K/V, so it must come after `write_cross_kv`."""
         seqs = self._sequences(requests, self._languages(requests, lo))
         return seqs, self._prefill_inputs(seqs)
 
-    def _prefill_inputs(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The prefill's inputs on the device: initial tokens [k, T] (shorter rows padded), and each
-        row's last initial position and `<|startoftranscript|>` position [k]."""
+    def _prefill_inputs(self, seqs: list[Sequence]) -> _PrefillInputs:
+        """The admission's per-row inputs, on their way to the device (see `_to_device`)."""
         length = max(len(s.initial) for s in seqs)
         tokens = torch.full((len(seqs), length), self.tok.eot, dtype=torch.long)
         for i, s in enumerate(seqs):
             tokens[i, :len(s.initial)] = torch.tensor(s.initial)
-        index = torch.tensor([[len(s.initial) - 1, s.sot_index] for s in seqs])
-        tokens, index = tokens.to(self.device), index.to(self.device)
-        return tokens, index[:, 0], index[:, 1]
+        index = torch.tensor([[len(s.initial) - 1, s.sot_index, s.request.options.timestamps] for s in seqs])
+        temperature = torch.tensor([s.request.temperature for s in seqs], dtype=torch.float32)
+        tokens, index, temperature = (self._to_device(t) for t in (tokens, index, temperature))
+        return _PrefillInputs(tokens, index[:, 0], index[:, 1], index[:, 2].bool(), temperature)
 
-    def _prefill(self, seqs: list[Sequence], lo: int, inputs: tuple) -> torch.Tensor:
-        """Feed each sequence's initial tokens (`inputs`: `_prefill_inputs(seqs)`) into slots `lo...`
-        (self-attention K/V written); sets its no-speech probability and returns the logits after
-        its last initial token [k, V]."""
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host tensor `t` on the device without holding the thread: a copy from pageable memory
+        waits for the stream's queued work (a decode step, an encoder pass) and leaves the GPU idle
+        once it has run; through pinned memory the copy is queued like a kernel. (The caching host
+        allocator reuses the pinned buffer only once the copy is done.)"""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _prefill(self, lo: int, inputs: _PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed each row's initial tokens into slots `lo...` (self-attention K/V written): the logits
+        after its last initial token [k, V] and its no-speech probability [k], on the device."""
         dec = self.model.decoder
-        tokens, last, sot = inputs
-        k, length = tokens.shape
+        k, length = inputs.tokens.shape
         positions = torch.arange(length, device=self.device).expand(k, length)
-        hidden = dec(tokens, positions, lo, self.cache, length)  # [k, T, D]
+        hidden = dec(inputs.tokens, positions, lo, self.cache, length)  # [k, T, D]
         rows = torch.arange(k, device=self.device)
-        no_speech = dec.logits(hidden[rows, sot]).softmax(-1)[:, self.tok.no_speech].tolist()
-        for s, p in zip(seqs, no_speech):
-            s.no_speech_prob = p
-        return dec.logits(hidden[rows, last])
+        no_speech = dec.logits(hidden[rows, inputs.sot]).float().softmax(-1)[:, self.tok.no_speech]
+        return dec.logits(hidden[rows, inputs.last]), no_speech
 
-    def _sample_first(self, seqs: list[Sequence], logits: torch.Tensor, lo: int, out: StepResult) -> None:
+    def _sample_first(self, seqs: list[Sequence], logits: torch.Tensor, no_speech: torch.Tensor, lo: int,
+                      inputs: _PrefillInputs, out: StepResult) -> None:
         """Sample each new row's first token from its prefill `logits`, set its sampler state and
-        step inputs, and take the rows into `slots` (beam groups pick their first beams)."""
+        step inputs, and take the rows into `slots` (beam groups pick their first beams). No host
+        sync where file windows alone decode (`async_steps`): the first tokens are read back with
+        the next step's, like a step in flight, so the host goes on to queue that step while the
+        GPU still runs this admission (else the GPU idled from the read-back to the next launch:
+        0.18-0.26 s of a 2.6-s run of 256 large-v3 windows on the H200, `profile_engine.py`)."""
         k = len(seqs)
         requests = [s.request for s in seqs]
         rs = slice(lo, lo + k)
-        self.state.reset(rs, [r.options.timestamps for r in requests], [r.temperature for r in requests])
+        self.state.reset(rs, inputs.timestamps, inputs.temperature)
         for i, r in enumerate(requests):
             if r.options.prefix_tokens:
                 self.state.follow(lo + i, list(r.options.prefix_tokens), self.tok.timestamp_begin)
@@ -655,8 +694,13 @@ class Runner:
                                                      any(r.options.timestamps for r in requests))
         self.state.rows(rs).advance(sampled, self.tok.timestamp_begin)
         self.tokens_in[rs] = sampled
-        self.positions[rs] = torch.tensor([len(s.initial) for s in seqs], device=self.device)
+        self.positions[rs] = inputs.last + 1
         self.slots.extend(seqs)
+        if self.async_steps and all(s.group is None and r.priority == Priority.FILE for s, r in zip(seqs, requests)):
+            self.in_flight.append(self._flight(seqs, sampled, logprobs, no_speech))
+            return
+        for s, p in zip(seqs, no_speech.tolist()):
+            s.no_speech_prob = p
         top = None
         if any(s.group is not None for s in seqs):  # rows of `_record` count from 0: pad the ones before lo
             top_lp, top_ids = every.topk(TOPK, dim=-1)

@@ -39,13 +39,15 @@ class SamplerState:
     def rows(self, s: slice) -> "SamplerState":
         return SamplerState(*(getattr(self, f)[s] for f in self.__dataclass_fields__))
 
-    def reset(self, s: slice, timestamps: list[bool], temperature: list[float]) -> None:
+    def reset(self, s: slice, timestamps: Tensor, temperature: Tensor) -> None:
+        """Rows `s` start a new sequence; `timestamps` (bool) and `temperature` are per row, [len]
+        tensors on the state's device (copied there without a host sync by the caller)."""
         self.n_sampled[s] = 0
         self.last[s] = -1
         self.penultimate[s] = -1
         self.last_timestamp[s] = -1
-        self.timestamps[s] = torch.tensor(timestamps, device=self.timestamps.device)
-        self.temperature[s] = torch.tensor(temperature, dtype=torch.float32, device=self.temperature.device)
+        self.timestamps[s] = timestamps
+        self.temperature[s] = temperature
 
     def follow(self, row: int, tokens: list[int], timestamp_begin: int) -> None:
         """Row `row` goes on after forced `tokens` (a prefix) as if it had sampled them, so that the

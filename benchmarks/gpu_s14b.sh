@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Session 14 (issue 15), after gpu_session.sh while the stage is warm:
+#   run(command="bash benchmarks/gpu_s14b.sh", carry=[".carry/tiny_b", ".carry/s13tree"], timeout_s=600)
+# 1. the CUDA tests of this session's admission and compaction (gpu_session.sh's test stage ran out
+#    of time in the kernel tests before them);
+# 2. same-call A/B of the tiny.en engine rows the guard flagged (mixed_fp8 wall 1.32x at 32, 1.42x at
+#    128 against session 13; transformers' own rows 1.23-1.36x slower, i.e. perhaps the host):
+#    session 13's tree (.carry/s13tree) against this one, alternating, transformers as the host's reference;
+# 3. the live paths with the sync-free admission (live windows still read back at once):
+#    tiny.en 1,000 streams and the turbo shape at 600 (session 13: p95 0.784 / 0.741 s);
+# 4. two FP8 sites at 256 large-v3 windows, now that admission leaves no bubble (session 13: no gain).
+set -uo pipefail
+START=$SECONDS
+source benchmarks/gpu_assemble.sh || exit 2
+ulimit -n 65536 2>/dev/null || ulimit -n 16384
+timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -k "cuda or move_rows" \
+  tests/test_engine.py::test_steps_launched_before_the_last_is_read_change_no_token \
+  tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token \
+  tests/test_model.py::test_move_rows_copies_the_cross_buffers_whole_and_the_self_positions_asked > "$OUT/cuda_tests_s14b.log" 2>&1
+echo "== tests rc=$? $(tail -1 "$OUT/cuda_tests_s14b.log") $((SECONDS - START)) s"
+for i in 1 2; do for tree in new old; do
+  if [ $tree = new ]; then dir=$PWD; else dir=$PWD/.carry/s13tree; fi
+  (cd $dir/benchmarks && PYTHONPATH=$dir:$T/site BENCH_RESULTS_DIR=$OUT timeout 100 python3 bench_engine.py \
+    --tokenizer $INPUTS/tokenizer_multilingual.json --audio $INPUTS/clips.npz --real tiny.en=$TINY --shapes "" \
+    --batches 1,32,128 --hf-batches 32,128 --precisions full_fp16,mixed_fp8 --out engine_tiny_${tree}_$i.json) 2>&1 \
+    | grep -E "^(ours|transformers) " | sed "s/^/$tree$i /"
+  echo "== $tree$i $((SECONDS - START)) s"
+done; done
+load() {  # load NAME TIMEOUT ARGS...
+  local name=$1 t=$2; shift 2; local s=$SECONDS
+  timeout "$t" python3 benchmarks/bench_streaming.py --spawn --device cuda --seconds 15 --client-procs 4 \
+    --out "$OUT/bench_streaming_${name}_h200.json" "$@" 2>&1 | grep -v "INFO\|WARNING\|SyntaxWarning" > "$OUT/load_$name.log"
+  echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; grep -A2 "^clients  failed" "$OUT/load_$name.log" | head -3
+}
+load tiny14_1000 75 --model tiny.en --clients 1000
+OVERLAP_ENCODER=1 load turbo14_600 65 --model "shape:large-v3-turbo:$INPUTS/tokenizer_multilingual.json" --clients 600
+left=$((560 - (SECONDS - START)))
+if (( left > 60 )); then
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $left python3 profile_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
+    --audio "$INPUTS/clips.npz" --runs large-v3:mixed_fp8:cross_kv_proj=fp8,large-v3:mixed_fp8:decoder_ffn=fp8,large-v3:mixed_fp8 \
+    --out profile_engine_s14b_h200.json) 2>&1 | grep -v "seem to have been set\|_warn_once\|Profiler clears" > "$OUT/profile.log"
+  echo "== profile rc=${PIPESTATUS[0]} $((SECONDS - START)) s"; grep "^large" "$OUT/profile.log"
+fi

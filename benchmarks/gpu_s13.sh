@@ -12,13 +12,7 @@
 set -uo pipefail
 START=$SECONDS
 source benchmarks/gpu_assemble.sh || exit 2
-ulimit -n 65536 2>/dev/null || ulimit -n 16384
-load() {  # load NAME TIMEOUT ARGS...
-  local name=$1 t=$2; shift 2; local s=$SECONDS
-  timeout "$t" python3 benchmarks/bench_streaming.py --spawn --device cuda --seconds 15 --client-procs 4 \
-    --out "$OUT/bench_streaming_${name}_h200.json" "$@" 2>&1 | grep -v "INFO\|WARNING\|SyntaxWarning" > "$OUT/load_$name.log"
-  echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; grep -A2 "^clients  failed" "$OUT/load_$name.log" | head -3
-}
+source benchmarks/gpu_load.sh
 load tiny13_1000 75 --model tiny.en --clients 1000
 OVERLAP_ENCODER=1 load turbo13_600 65 --model "shape:large-v3-turbo:$INPUTS/tokenizer_multilingual.json" --clients 600
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 60 python3 sweep_self_attention.py --batches 1,4,8 \

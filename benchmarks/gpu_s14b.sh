@@ -12,7 +12,6 @@
 set -uo pipefail
 START=$SECONDS
 source benchmarks/gpu_assemble.sh || exit 2
-ulimit -n 65536 2>/dev/null || ulimit -n 16384
 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -k "cuda or move_rows" \
   tests/test_engine.py::test_steps_launched_before_the_last_is_read_change_no_token \
   tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token \
@@ -26,12 +25,7 @@ for i in 1 2; do for tree in new old; do
     | grep -E "^(ours|transformers) " | sed "s/^/$tree$i /"
   echo "== $tree$i $((SECONDS - START)) s"
 done; done
-load() {  # load NAME TIMEOUT ARGS...
-  local name=$1 t=$2; shift 2; local s=$SECONDS
-  timeout "$t" python3 benchmarks/bench_streaming.py --spawn --device cuda --seconds 15 --client-procs 4 \
-    --out "$OUT/bench_streaming_${name}_h200.json" "$@" 2>&1 | grep -v "INFO\|WARNING\|SyntaxWarning" > "$OUT/load_$name.log"
-  echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; grep -A2 "^clients  failed" "$OUT/load_$name.log" | head -3
-}
+source benchmarks/gpu_load.sh
 load tiny14_1000 75 --model tiny.en --clients 1000
 OVERLAP_ENCODER=1 load turbo14_600 65 --model "shape:large-v3-turbo:$INPUTS/tokenizer_multilingual.json" --clients 600
 left=$((560 - (SECONDS - START)))

@@ -1,0 +1,10 @@
+# Sourced by the GPU session scripts after gpu_assemble.sh: `load NAME TIMEOUT ARGS...` runs the live
+# load test (bench_streaming.py, spawned server, 4 client processes, 15 s) with ARGS, writes
+# $OUT/bench_streaming_NAME_h200.json and $OUT/load_NAME.log, and prints its result row.
+ulimit -n 65536 2>/dev/null || ulimit -n 16384
+load() {
+  local name=$1 t=$2; shift 2; local s=$SECONDS
+  timeout "$t" python3 benchmarks/bench_streaming.py --spawn --device cuda --seconds 15 --client-procs 4 \
+    --out "$OUT/bench_streaming_${name}_h200.json" "$@" 2>&1 | grep -v "INFO\|WARNING\|SyntaxWarning" > "$OUT/load_$name.log"
+  echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; grep -A2 "^clients  failed" "$OUT/load_$name.log" | head -3
+}

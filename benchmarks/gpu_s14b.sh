@@ -12,7 +12,8 @@
 set -uo pipefail
 START=$SECONDS
 source benchmarks/gpu_assemble.sh || exit 2
-timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -k "cuda or move_rows" \
+timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -k "not cpu" \
+  tests/test_engine.py::test_file_admission_makes_no_host_sync \
   tests/test_engine.py::test_steps_launched_before_the_last_is_read_change_no_token \
   tests/test_engine.py::test_encoder_on_a_second_stream_changes_no_token \
   tests/test_model.py::test_move_rows_copies_the_cross_buffers_whole_and_the_self_positions_asked > "$OUT/cuda_tests_s14b.log" 2>&1

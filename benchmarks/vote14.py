@@ -1,0 +1,106 @@
+"""Combination rules over cached hypotheses (session 14, issue #12), offline in seconds: word errors
+and WER per file and rule, against the reference of each recording.
+
+    python benchmarks/vote14.py --rules acc+unp+fast,acc+unp+fastb5 --out acc14_vote.json
+
+Hypotheses: `acc` (accurate as main runs it: acc13_main_*.json), `unp`, `fast`, `fastb5` (hyps14.py:
+acc14_hyps_*.json), `fw5` (faster-whisper 5 beams, acc12_fwtrace_*.json; reference only).
+A rule is `+`-joined names; the first is the backbone (ties go to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from common import normalizer, write_json
+
+from bench_live_accuracy import recording
+
+from streamer.longform.vote import vote, words_of
+
+RESULTS = Path(__file__).parent / "results"
+SPECS = ["messy-en-8-0", "messy-en-8-1", "messy-en-8-2", "messy-en-15-0", "6min", "messy-es-5-0", "messy-fr-5-0",
+         "messy-es-5-1", "messy-fr-5-1", "messy-en-8-3", "messy-en-8-4"]
+ISSUE = SPECS[:7]
+
+
+def load(acc: str, hyps: str) -> dict[str, dict[str, list[str]]]:
+    """{file name: {system: segment texts}}."""
+    out: dict[str, dict[str, list[str]]] = {}
+
+    def add(path: Path, system: str | None = None) -> None:
+        if not path.exists():
+            return
+        for r in json.loads(path.read_text())["runs"]:
+            name = system or {"accurate": "acc", "unprompted": "unp", "fast": "fast", "fast-b5": "fastb5"}.get(r["system"])
+            out.setdefault(r["file"], {})[name] = [s[-1] for s in r["segments"]]
+    for tag in ("tiny", "base"):
+        add(RESULTS / f"{acc}_{tag}.json")
+        add(RESULTS / f"{hyps}_{tag}.json")
+    for f in ("acc12_fwtrace_tiny.json", "acc12_fwtrace_es.json", "acc12_fwtrace_xbase.json", "acc12_fwtrace_xtiny.json"):
+        add(RESULTS / f, "fw5")
+    return out
+
+
+def errors(reference: str, hypothesis: str, language: str) -> tuple[int, int]:
+    """(word errors, reference words) after Whisper's normaliser."""
+    import jiwer
+
+    norm = normalizer(language)
+    out = jiwer.process_words(norm(reference), norm(hypothesis))
+    return out.substitutions + out.deletions + out.insertions, len(norm(reference).split())
+
+
+def combine(texts: dict[str, list[str]], rule: str) -> str | None:
+    names = rule.split("+")
+    if any(n not in texts for n in names):
+        return None
+    if len(names) == 1:
+        return " ".join(texts[names[0]])
+    return " ".join(w.text for _, w in vote([words_of(texts[n]) for n in names]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--acc", default="acc13_main")
+    parser.add_argument("--hyps", default="acc14_hyps")
+    parser.add_argument("--rules", default="acc,unp,fast,fastb5,fw5,acc+unp+fast,acc+unp+fastb5,acc+fast+fastb5,acc+unp+fast+fastb5")
+    parser.add_argument("--specs", default=",".join(SPECS))
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    data = load(args.acc, args.hyps)
+    rules = args.rules.split(",")
+    rows, totals, totals7 = [], {r: 0 for r in rules}, {r: 0 for r in rules}
+    complete = {r: True for r in rules}
+    print("file".ljust(18) + "".join(r.rjust(22) for r in rules))
+    for spec in args.specs.split(","):
+        rec = recording(spec)
+        texts = data.get(rec["name"], {})
+        line, row = rec["name"].ljust(18), {"file": rec["name"], "spec": spec}
+        for rule in rules:
+            t0 = time.perf_counter()
+            text = combine(texts, rule)
+            if text is None:
+                line += "-".rjust(22)
+                complete[rule] = False
+                continue
+            e, n = errors(rec["reference"], text, rec["language"])
+            row[rule] = {"errors": e, "words": n, "wer_%": round(100 * e / n, 2), "vote_s": round(time.perf_counter() - t0, 2),
+                         "text": text}
+            totals[rule] += e
+            if spec in ISSUE:
+                totals7[rule] += e
+            line += f"{100 * e / n:6.2f} ({e:3d})".rjust(22)
+        rows.append(row)
+        print(line, flush=True)
+    print("total".ljust(18) + "".join((str(totals[r]) + ("" if complete[r] else "*")).rjust(22) for r in rules))
+    print("issue 7".ljust(18) + "".join(str(totals7[r]).rjust(22) for r in rules))
+    if args.out:
+        print("wrote", write_json(args.out, {"rules": rules, "totals": totals, "totals_issue7": totals7, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

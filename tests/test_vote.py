@@ -1,0 +1,57 @@
+"""The word-level vote over transcripts of one recording (`streamer.longform.vote`), on hand-built
+hypotheses: pure, no model."""
+
+from __future__ import annotations
+
+from streamer.longform.vote import VoteWord, align, vote, words_of
+
+
+def texts(voted: list[tuple[int, VoteWord]]) -> list[str]:
+    return [w.text for _, w in voted]
+
+
+def test_the_majority_overrules_a_style_the_prompt_set():
+    """"5-0-0" (one hypothesis) against "500" (two): the majority's form, with its surface text."""
+    prompted = words_of([" Dial 5-0-0 now.", " Then hang up."])
+    unprompted = words_of([" Dial 500 now. Then hang up."])
+    fast = words_of([" dial 500 now then hang up"])
+    voted = vote([prompted, unprompted, fast])
+    assert texts(voted) == ["Dial", "500", "now.", "Then", "hang", "up."]
+    assert [h for h, _ in voted] == [0, 1, 0, 0, 0, 0]  # the backbone's word wherever it is in the majority
+
+
+def test_a_word_split_in_two_by_one_hypothesis_is_joined_again():
+    voted = vote([words_of([" the black list"]), words_of([" the blacklist"]), words_of([" the blacklist"])])
+    assert texts(voted) == ["the", "blacklist"]
+
+
+def test_a_tie_goes_to_the_backbone():
+    assert texts(vote([words_of([" caller"]), words_of([" color"])])) == ["caller"]
+    assert texts(vote([words_of([" caller"]), words_of([" color"]), words_of([" collar"])])) == ["caller"]
+
+
+def test_words_only_one_hypothesis_has_are_dropped_and_words_it_lacks_are_kept():
+    voted = vote([words_of([" press one thank you"]), words_of([" press one"]), words_of([" press one"])])
+    assert texts(voted) == ["press", "one"]
+    voted = vote([words_of([" press"]), words_of([" press one"]), words_of([" press one"])])
+    assert texts(voted) == ["press", "one"]
+
+
+def test_words_keep_the_segment_they_come_from_and_punctuation_alone_is_no_word():
+    words = words_of([" Hello there.", " - ", " Bye."])
+    assert [(w.text, w.segment) for w in words] == [("Hello", 0), ("there.", 0), ("Bye.", 2)]
+    assert words[1].key == "there" and VoteWord("¿Qué?", 0).key == "qué" and VoteWord("5-0-0", 0).key == "5-0-0"
+
+
+def test_alignment_keeps_every_word_of_every_hypothesis_in_order():
+    hyps = [words_of([" a b c d"]), words_of([" a x c"]), words_of([" b c d e"])]
+    slots = align(hyps)
+    assert all(len(slot) == 3 for slot in slots)
+    for h, words in enumerate(hyps):
+        assert [s[h] for s in slots if s[h] is not None] == words
+
+
+def test_the_same_hypotheses_give_the_same_words():
+    hyps = [words_of([" one two three four"]), words_of([" one too three for"]), words_of([" won two three four"])]
+    assert vote(hyps) == vote(hyps)
+    assert texts(vote(hyps)) == ["one", "two", "three", "four"]

@@ -4,8 +4,10 @@ and WER per file and rule, against the reference of each recording.
     python benchmarks/vote14.py --rules acc+unp+fast,acc+unp+fastb5 --out acc14_vote.json
 
 Hypotheses: `acc` (accurate as main runs it: acc13_main_*.json), `unp`, `fast`, `fastb5` (hyps14.py:
-acc14_hyps_*.json), `fw5` (faster-whisper 5 beams, acc12_fwtrace_*.json; reference only).
-A rule is `+`-joined names; the first is the backbone (ties go to it).
+acc14_hyps_*.json), `fw5` (faster-whisper 5 beams, acc12_fwtrace_*.json; reference only), `r10`, `r5`, `c128`, `dual` (session 13's prompt policies,
+acc13_*.json).
+A rule is `+`-joined names, each with an optional `*WEIGHT`; the first is the backbone (ties go to it);
+the prefix `w:` votes word by word only (no phrase step).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def load(acc: str, hyps: str) -> dict[str, dict[str, list[str]]]:
     for tag in ("tiny", "base"):
         add(RESULTS / f"{acc}_{tag}.json")
         add(RESULTS / f"{hyps}_{tag}.json")
+    for variant, name in (("reset10", "r10"), ("reset5", "r5"), ("cap128", "c128"), ("dual", "dual")):
+        for tag in ("tiny", "base"):
+            add(RESULTS / f"acc13_{variant}_{tag}.json", name)
     for f in ("acc12_fwtrace_tiny.json", "acc12_fwtrace_es.json", "acc12_fwtrace_xbase.json", "acc12_fwtrace_xtiny.json"):
         add(RESULTS / f, "fw5")
     return out
@@ -55,12 +60,14 @@ def errors(reference: str, hypothesis: str, language: str) -> tuple[int, int]:
 
 
 def combine(texts: dict[str, list[str]], rule: str) -> str | None:
-    names = rule.split("+")
+    parts = rule.removeprefix("w:").split("+")
+    names = [n.split("*")[0] for n in parts]
+    weights = [float(n.split("*")[1]) if "*" in n else 1.0 for n in parts]
     if any(n not in texts for n in names):
         return None
     if len(names) == 1:
         return " ".join(texts[names[0]])
-    return " ".join(w.text for _, w in vote([words_of(texts[n]) for n in names]))
+    return " ".join(v.word.text for v in vote([words_of(texts[n]) for n in names], weights, phrases=not rule.startswith("w:")))
 
 
 def main() -> None:

@@ -3,11 +3,11 @@ hypotheses: pure, no model."""
 
 from __future__ import annotations
 
-from streamer.longform.vote import VoteWord, align, vote, words_of
+from streamer.longform.vote import Voted, VoteWord, align, vote, words_of
 
 
-def texts(voted: list[tuple[int, VoteWord]]) -> list[str]:
-    return [w.text for _, w in voted]
+def texts(voted: list[Voted]) -> list[str]:
+    return [v.word.text for v in voted]
 
 
 def test_the_majority_overrules_a_style_the_prompt_set():
@@ -17,11 +17,17 @@ def test_the_majority_overrules_a_style_the_prompt_set():
     fast = words_of([" dial 500 now then hang up"])
     voted = vote([prompted, unprompted, fast])
     assert texts(voted) == ["Dial", "500", "now.", "Then", "hang", "up."]
-    assert [h for h, _ in voted] == [0, 1, 0, 0, 0, 0]  # the backbone's word wherever it is in the majority
+    assert [v.source for v in voted] == [0, 1, 0, 0, 0, 0]  # the backbone's word wherever it is in the majority
+    assert [v.segment for v in voted] == [0, 0, 0, 1, 1, 1]  # in the backbone's segments
 
 
-def test_a_word_split_in_two_by_one_hypothesis_is_joined_again():
-    voted = vote([words_of([" the black list"]), words_of([" the blacklist"]), words_of([" the blacklist"])])
+def test_words_split_or_joined_differently_are_the_same_phrase():
+    """Word by word, "voice over IP" / "voiceover IP" / "VoiceOverIP" split three ways and "voice"
+    was lost; as phrases they agree, and the backbone's spelling stays."""
+    hyps = [words_of([" dial voice over IP now"]), words_of([" dial voiceover IP now"]), words_of([" Dial VoiceOverIP now"])]
+    assert texts(vote(hyps)) == ["dial", "voice", "over", "IP", "now"]
+    assert texts(vote(hyps, phrases=False)) == ["dial", "over", "IP", "now"]
+    voted = vote([words_of([" the blacklist"]), words_of([" the black list"]), words_of([" the 5-0-0 list"])])
     assert texts(voted) == ["the", "blacklist"]
 
 

@@ -14,11 +14,14 @@ going to the backbone. Pure and deterministic: the same hypotheses give the same
 
 from __future__ import annotations
 
+import re
 import string
-from collections import Counter
 from dataclasses import dataclass
 
 _STRIP = string.punctuation + "¿¡«»“”‘’…"
+_JOINED = re.compile(r"(?<=[^\W\d_]{2})-(?=[^\W\d_]{2})")
+"""A hyphen between two runs of two letters or more: "re-record" is "rerecord" written another
+way, while "5-0-0" and "I-A-X" spell out what "500" and "IAX" say as one word."""
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,10 @@ class VoteWord:
 
     @property
     def key(self) -> str:
-        """What the vote compares: lower case without the punctuation around the word (inner
-        hyphens and apostrophes stay: "5-0-0" is not "500")."""
-        return self.text.strip(_STRIP).lower()
+        """What the vote compares: lower case without the punctuation around the word and without
+        hyphens inside a word ("re-record" is "rerecord"); other inner marks stay ("5-0-0" is not
+        "500", "I-A-X" not "IAX")."""
+        return _JOINED.sub("", self.text.strip(_STRIP).lower())
 
 
 def words_of(texts: list[str]) -> list[VoteWord]:
@@ -96,18 +100,70 @@ def align(hypotheses: list[list[VoteWord]]) -> list[Slot]:
     return network
 
 
-def vote(hypotheses: list[list[VoteWord]]) -> list[tuple[int, VoteWord]]:
-    """The majority words, in order, each with the index of the hypothesis whose word it is (the
-    lowest that has the winning form). Per slot the form (or the absence of a word) most
-    hypotheses have wins; a tie goes to the form of the first hypothesis, the backbone."""
-    out = []
-    for slot in align(hypotheses):
-        counts = Counter(None if w is None else w.key for w in slot)
-        first = None if slot[0] is None else slot[0].key
-        top = max(counts.values())
-        winner = first if counts[first] == top else next(k for k in (None if w is None else w.key for w in slot)
-                                                          if counts[k] == top)
-        if winner is not None:
-            h = next(h for h, w in enumerate(slot) if w is not None and w.key == winner)
-            out.append((h, slot[h]))
+def _winner(keys: list, weights: list[float]):
+    """The key with the most weight; a tie goes to the first entry's key."""
+    score: dict = {}
+    for k, weight in zip(keys, weights):
+        score[k] = score.get(k, 0.0) + weight
+    top = max(score.values())
+    return keys[0] if score[keys[0]] == top else next(k for k in keys if score[k] == top)
+
+
+@dataclass(frozen=True)
+class Voted:
+    """A word of the vote's outcome: as `source` (the index of a hypothesis) wrote it, and the
+    backbone segment it belongs to (its slot's backbone word's segment; for a word the backbone
+    lacks, that of the backbone word before it, or after it at the very start)."""
+
+    word: VoteWord
+    source: int
+    segment: int
+
+
+def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, phrases: bool = True) -> list[Voted]:
+    """The majority words, in order. Per slot the form (or the absence of a word) with the most
+    weight (`weights`, one per hypothesis, 1 each by default) wins, written as the first
+    hypothesis that has it wrote it; a tie goes to the form of the first hypothesis, the backbone.
+
+    With `phrases`, each run of slots where the hypotheses disagree is first voted on as a whole:
+    a hypothesis's words there, joined without spaces, are one phrase, so that "voice over IP",
+    "voiceover IP" and "VoiceOverIP" agree (word by word they split three ways and the vote dropped
+    "voice"). When two hypotheses or more say the same phrase, the phrase with the most weight
+    (ties to the backbone's) is taken as its hypothesis wrote it; when every phrase differs, the run
+    is voted on word by word. A phrase that differs from the backbone's by spacing only keeps the
+    backbone's words."""
+    weights = weights or [1.0] * len(hypotheses)
+    slots = align(hypotheses)
+    # The backbone segment of each slot: its own word's, else the one before (after, at the start).
+    segment, last = [], next((w.segment for w in hypotheses[0]), 0)
+    for slot in slots:
+        last = slot[0].segment if slot[0] is not None else last
+        segment.append(last)
+    out: list[Voted] = []
+
+    def take(h: int, k: int) -> None:
+        out.append(Voted(slots[k][h], h, segment[k]))
+
+    i = 0
+    while i < len(slots):
+        j = i
+        while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
+            j += 1
+        if j == i:  # every hypothesis has this word
+            take(0, i)
+            i += 1
+            continue
+        said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(len(weights))]
+        if phrases and len(set(said)) < len(said):
+            h = said.index(_winner(said, weights))
+            for k in range(i, j):
+                if slots[k][h] is not None:
+                    take(h, k)
+        else:
+            for k in range(i, j):
+                keys = [None if w is None else w.key for w in slots[k]]
+                key = _winner(keys, weights)
+                if key is not None:
+                    take(keys.index(key), k)
+        i = j
     return out

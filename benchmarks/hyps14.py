@@ -3,7 +3,8 @@
 
     python benchmarks/hyps14.py --model tiny.en --files messy-en-8-0 --systems unprompted,fast,fast-b5 --out h.json
 
-Systems: `accurate` (as the product runs it), `unprompted` (the same sequential seek and 5 beams,
+Systems: `accurate` (the conditioned chain alone, `vote=False`: main before session 14),
+`accurate-vote` (what `accurate` does since session 14: the chain, voted on), `unprompted` (the same sequential seek and 5 beams,
 every window decoded without the previous-text prompt: `accurate.decode_window` wrapped to drop
 `prompt_tokens`), `fast` (greedy) and `fast-b5` (fast's windows, 5 beams).
 """
@@ -32,6 +33,7 @@ def main() -> None:
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
     from streamer.longform import accurate, transcribe_long
+    from streamer.longform.accurate import transcribe_accurate
 
     settings = load_settings({"MODEL_ID": args.model})
     engine = Engine.load(ModelConfig(model=args.model, device="cpu"), settings.engine)
@@ -48,7 +50,10 @@ def main() -> None:
             mode = "fast" if system.startswith("fast") else "accurate"
             options = DecodeOptions(language=rec["language"], beam_size=5 if system == "fast-b5" else 1)
             t0 = time.perf_counter()
-            transcript = asyncio.run(transcribe_long(engine, rec["audio"], mode=mode, options=options))
+            if mode == "accurate":
+                transcript = asyncio.run(transcribe_accurate(engine, rec["audio"], options, vote=system == "accurate-vote"))
+            else:
+                transcript = asyncio.run(transcribe_long(engine, rec["audio"], mode=mode, options=options))
             rows.append({"file": rec["name"], "spec": spec, "system": system, "run": 0,
                          "wer_%": wer([rec["reference"]], [transcript.text], rec["language"]),
                          "wall_s": round(time.perf_counter() - t0, 1), "text": transcript.text,

@@ -27,9 +27,11 @@ RESULTS = Path(__file__).parent / "results"
 SPECS = ["messy-en-8-0", "messy-en-8-1", "messy-en-8-2", "messy-en-15-0", "6min", "messy-es-5-0", "messy-fr-5-0",
          "messy-es-5-1", "messy-fr-5-1", "messy-en-8-3", "messy-en-8-4"]
 ISSUE = SPECS[:7]
+HELD_OUT = ["messy-en-8-5", "messy-en-8-6"]
+"""Joins added in session 14 after the rule was chosen: evidence, not tuning."""
 
 
-def load(acc: str, hyps: str) -> dict[str, dict[str, list[str]]]:
+def load(acc: str, hyps: str, extra: tuple[str, ...] = ()) -> dict[str, dict[str, list[str]]]:
     """{file name: {system: segment texts}}."""
     out: dict[str, dict[str, list[str]]] = {}
 
@@ -37,16 +39,20 @@ def load(acc: str, hyps: str) -> dict[str, dict[str, list[str]]]:
         if not path.exists():
             return
         for r in json.loads(path.read_text())["runs"]:
-            name = system or {"accurate": "acc", "unprompted": "unp", "fast": "fast", "fast-b5": "fastb5"}.get(r["system"])
+            name = system or {"accurate": "acc", "unprompted": "unp", "fast": "fast", "fast-b5": "fastb5",
+                                     "accurate-vote": "vote"}.get(r["system"])
             out.setdefault(r["file"], {})[name] = [s[-1] for s in r["segments"]]
     for tag in ("tiny", "base"):
         add(RESULTS / f"{acc}_{tag}.json")
         add(RESULTS / f"{hyps}_{tag}.json")
+        add(RESULTS / f"{hyps}_held_{tag}.json")
     for variant, name in (("reset10", "r10"), ("reset5", "r5"), ("cap128", "c128"), ("dual", "dual")):
         for tag in ("tiny", "base"):
             add(RESULTS / f"acc13_{variant}_{tag}.json", name)
     for f in ("acc12_fwtrace_tiny.json", "acc12_fwtrace_es.json", "acc12_fwtrace_xbase.json", "acc12_fwtrace_xtiny.json"):
         add(RESULTS / f, "fw5")
+    for f in extra:
+        add(RESULTS / f)
     return out
 
 
@@ -76,9 +82,10 @@ def main() -> None:
     parser.add_argument("--hyps", default="acc14_hyps")
     parser.add_argument("--rules", default="acc,unp,fast,fastb5,fw5,acc+unp+fast,acc+unp+fastb5,acc+fast+fastb5,acc+unp+fast+fastb5")
     parser.add_argument("--specs", default=",".join(SPECS))
+    parser.add_argument("--extra", default="", help="more result files (hyps14.py's format), comma-separated")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    data = load(args.acc, args.hyps)
+    data = load(args.acc, args.hyps, tuple(f for f in args.extra.split(",") if f))
     rules = args.rules.split(",")
     rows, totals, totals7 = [], {r: 0 for r in rules}, {r: 0 for r in rules}
     complete = {r: True for r in rules}

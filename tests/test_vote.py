@@ -61,3 +61,22 @@ def test_the_same_hypotheses_give_the_same_words():
     hyps = [words_of([" one two three four"]), words_of([" one too three for"]), words_of([" won two three four"])]
     assert vote(hyps) == vote(hyps)
     assert texts(vote(hyps)) == ["one", "two", "three", "four"]
+
+
+def test_revise_rewrites_the_backbone_segments_in_place_and_keeps_their_times():
+    from streamer.longform.transcript import TranscriptSegment
+    from streamer.longform.vote import revise
+    from streamer.model.weights import load_model
+
+    tok = load_model("tiny.en").tokenizer
+
+    def seg(start: float, end: float, text: str) -> TranscriptSegment:
+        return TranscriptSegment(id=0, seek=0, start=start, end=end, text=text, tokens=tok.encode(text), avg_logprob=-0.1,
+                                 compression_ratio=1.0, no_speech_prob=0.0, temperature=0.0, token_logprobs=[-0.1] * 3)
+
+    segments = [seg(0.0, 2.0, " Dial 5-0-0 now."), seg(2.0, 3.0, " Thank you."), seg(3.0, 5.0, " Goodbye.")]
+    untouched = segments[2]
+    revise(segments, [[" Dial 500 now.", " Goodbye."], [" dial 500 now goodbye"]], tok.encode)
+    assert [(s.start, s.end, s.text) for s in segments] == [(0.0, 2.0, " Dial 500 now."), (2.0, 3.0, ""), (3.0, 5.0, " Goodbye.")]
+    assert segments[0].tokens == tok.encode(" Dial 500 now.") and segments[0].token_logprobs == []
+    assert segments[1].tokens == [] and segments[2] is untouched and untouched.token_logprobs == [-0.1] * 3

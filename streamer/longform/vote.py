@@ -10,6 +10,7 @@ The hypotheses' words are aligned into one network of slots (the first hypothesi
 first; each further one aligned to the network by edit distance on a normalised form of the words);
 each slot then takes the form most hypotheses have there (a missing word is a candidate too), ties
 going to the backbone. Pure and deterministic: the same hypotheses give the same words.
+`revise` applies the outcome to the backbone's segments.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from streamer.longform.transcript import TranscriptSegment
 
 _STRIP = string.punctuation + "¿¡«»“”‘’…"
 _JOINED = re.compile(r"(?<=[^\W\d_]{2})-(?=[^\W\d_]{2})")
@@ -167,3 +172,19 @@ def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, p
                     take(keys.index(key), k)
         i = j
     return out
+
+
+def revise(segments: list[TranscriptSegment], others: list[list[str]], encode: Callable[[str], list[int]]) -> None:
+    """Rewrite `segments` (the backbone's, in order) in place to the vote's outcome over them and
+    `others` (each another hypothesis's segment texts, in order). A segment whose words changed
+    gets the new text and its tokens (`encode`; no token log-probabilities any more); one that
+    lost every word gets an empty text, for the caller to drop. Times are the backbone's."""
+    voted = vote([words_of([s.text for s in segments]), *(words_of(texts) for texts in others)])
+    words: list[list[str]] = [[] for _ in segments]
+    for v in voted:
+        words[v.segment].append(v.word.text)
+    for seg, new in zip(segments, words):
+        if new != [w.text for w in words_of([seg.text])]:
+            seg.text = " " + " ".join(new) if new else ""
+            seg.tokens = encode(seg.text) if new else []
+            seg.token_logprobs = []

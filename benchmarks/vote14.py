@@ -31,9 +31,9 @@ HELD_OUT = ["messy-en-8-5", "messy-en-8-6"]
 """Joins added in session 14 after the rule was chosen: evidence, not tuning."""
 
 
-def load(acc: str, hyps: str, extra: tuple[str, ...] = ()) -> dict[str, dict[str, list[str]]]:
-    """{file name: {system: segment texts}}."""
-    out: dict[str, dict[str, list[str]]] = {}
+def load(acc: str, hyps: str, extra: tuple[str, ...] = ()) -> dict[str, dict[str, list[tuple]]]:
+    """{file name: {system: [(start, end, text)] per segment}}."""
+    out: dict[str, dict[str, list[tuple]]] = {}
 
     def add(path: Path, system: str | None = None) -> None:
         if not path.exists():
@@ -41,7 +41,7 @@ def load(acc: str, hyps: str, extra: tuple[str, ...] = ()) -> dict[str, dict[str
         for r in json.loads(path.read_text())["runs"]:
             name = system or {"accurate": "acc", "unprompted": "unp", "fast": "fast", "fast-b5": "fastb5",
                                      "accurate-vote": "vote"}.get(r["system"])
-            out.setdefault(r["file"], {})[name] = [s[-1] for s in r["segments"]]
+            out.setdefault(r["file"], {})[name] = [(s[-3], s[-2], s[-1]) for s in r["segments"]]
     for tag in ("tiny", "base"):
         add(RESULTS / f"{acc}_{tag}.json")
         add(RESULTS / f"{hyps}_{tag}.json")
@@ -65,15 +65,16 @@ def errors(reference: str, hypothesis: str, language: str) -> tuple[int, int]:
     return out.substitutions + out.deletions + out.insertions, len(norm(reference).split())
 
 
-def combine(texts: dict[str, list[str]], rule: str) -> str | None:
+def combine(texts: dict[str, list[tuple]], rule: str) -> str | None:
     parts = rule.removeprefix("w:").split("+")
     names = [n.split("*")[0] for n in parts]
     weights = [float(n.split("*")[1]) if "*" in n else 1.0 for n in parts]
     if any(n not in texts for n in names):
         return None
     if len(names) == 1:
-        return " ".join(texts[names[0]])
-    return " ".join(v.word.text for v in vote([words_of(texts[n]) for n in names], weights, phrases=not rule.startswith("w:")))
+        return " ".join(t for _, _, t in texts[names[0]])
+    hyps = [words_of([t for _, _, t in texts[n]], [(a, b) for a, b, _ in texts[n]]) for n in names]
+    return " ".join(v.word.text for v in vote(hyps, weights, phrases=not rule.startswith("w:")))
 
 
 def main() -> None:

@@ -57,6 +57,14 @@ def test_alignment_keeps_every_word_of_every_hypothesis_in_order():
         assert [s[h] for s in slots if s[h] is not None] == words
 
 
+def test_words_far_apart_in_time_are_not_aligned():
+    """Within BAND_S of each other the same word shares a slot; a minute apart it does not."""
+    here = words_of([" hello"], [(0.0, 1.0)])
+    assert len(align([here, words_of([" hello"], [(20.0, 21.0)])])) == 1
+    slots = align([here, words_of([" hello"], [(60.0, 61.0)])])
+    assert [[w is not None for w in slot] for slot in slots] == [[True, False], [False, True]]
+
+
 def test_the_same_hypotheses_give_the_same_words():
     hyps = [words_of([" one two three four"]), words_of([" one too three for"]), words_of([" won two three four"])]
     assert vote(hyps) == vote(hyps)
@@ -76,7 +84,7 @@ def test_revise_rewrites_the_backbone_segments_in_place_and_keeps_their_times():
 
     segments = [seg(0.0, 2.0, " Dial 5-0-0 now."), seg(2.0, 3.0, " Thank you."), seg(3.0, 5.0, " Goodbye.")]
     untouched = segments[2]
-    revise(segments, [[" Dial 500 now.", " Goodbye."], [" dial 500 now goodbye"]], tok.encode)
+    revise(segments, [[(0.1, 2.0, " Dial 500 now."), (3.0, 4.8, " Goodbye.")], [(0.0, 5.0, " dial 500 now goodbye")]], tok.encode)
     assert [(s.start, s.end, s.text) for s in segments] == [(0.0, 2.0, " Dial 500 now."), (2.0, 3.0, ""), (3.0, 5.0, " Goodbye.")]
     assert segments[0].tokens == tok.encode(" Dial 500 now.") and segments[0].token_logprobs == []
     assert segments[1].tokens == [] and segments[2] is untouched and untouched.token_logprobs == [-0.1] * 3

@@ -163,7 +163,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         finally:  # one failed (QueueFull, EngineClosed) or the caller went away: stop the others
             for task in tasks:
                 task.cancel()
-        others = [[s.text for w in unconditioned for s in w.segments], *([s.text for s in t.segments] for t in (greedy, beamed))]
+        others = [[(s.start, s.end, s.text) for s in segments] for segments in
+                  ([s for w in unconditioned for s in w.segments], greedy.segments, beamed.segments)]
         revise([s for w in windows for s in w.segments], others, tok.encode)
         for window in windows:
             window.segments = [s for s in window.segments if s.text.strip()]

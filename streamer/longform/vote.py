@@ -15,6 +15,7 @@ going to the backbone. Pure and deterministic: the same hypotheses give the same
 
 from __future__ import annotations
 
+import bisect
 import re
 import string
 from dataclasses import dataclass
@@ -29,12 +30,19 @@ _JOINED = re.compile(r"(?<=[^\W\d_]{2})-(?=[^\W\d_]{2})")
 way, while "5-0-0" and "I-A-X" spell out what "500" and "IAX" say as one word."""
 
 
+BAND_S = 30.0
+"""Words of two hypotheses are aligned only when their times lie within this many seconds (a
+window's length): the alignment then grows with the recording's length, not with its square."""
+
+
 @dataclass(frozen=True)
 class VoteWord:
-    """A word of a hypothesis: its text as written and the index of the segment it comes from."""
+    """A word of a hypothesis: its text as written, the index of the segment it comes from and
+    about when it is said (seconds; spread evenly over its segment)."""
 
     text: str
     segment: int
+    time: float = 0.0
 
     @property
     def key(self) -> str:
@@ -44,9 +52,15 @@ class VoteWord:
         return _JOINED.sub("", self.text.strip(_STRIP).lower())
 
 
-def words_of(texts: list[str]) -> list[VoteWord]:
-    """The words of a hypothesis given as its segments' texts, in order, split at white space."""
-    return [VoteWord(w, i) for i, text in enumerate(texts) for w in text.split() if w.strip(_STRIP)]
+def words_of(texts: list[str], spans: list[tuple[float, float]] | None = None) -> list[VoteWord]:
+    """The words of a hypothesis given as its segments' texts (and their (start, end) seconds), in
+    order, split at white space."""
+    out = []
+    for i, text in enumerate(texts):
+        words = [w for w in text.split() if w.strip(_STRIP)]
+        start, end = spans[i] if spans else (0.0, 0.0)
+        out += [VoteWord(w, i, start + (end - start) * (k + 0.5) / len(words)) for k, w in enumerate(words)]
+    return out
 
 
 Slot = list["VoteWord | None"]
@@ -54,36 +68,52 @@ Slot = list["VoteWord | None"]
 
 
 def _align(network: list[Slot], words: list[VoteWord], width: int) -> list[Slot]:
-    """`network` (`width` entries a slot) with `words` aligned to it as one more entry per slot: the alignment of least
-    edit cost, where a word matches a slot for free when some hypothesis has the same form there,
-    and a hypothesis without a word at a slot costs nothing where another also has none there."""
+    """`network` (`width` entries a slot) with `words` aligned to it as one more entry per slot:
+    the alignment of least edit cost, where a word matches a slot for free when some hypothesis
+    has the same form there, and a hypothesis without a word at a slot costs nothing where another
+    also has none there. Only words within `BAND_S` of a slot's time are considered for it."""
     n, m = len(network), len(words)
     keys = [{w.key for w in slot if w is not None} for slot in network]
     gap = [0 if any(w is None for w in slot) else 1 for slot in network]
     wkeys = [w.key for w in words]
-    # cost[i][j]: aligning the first i slots with the first j words; moves: 0 diagonal, 1 slot
-    # without a word, 2 word in a new slot. Ties prefer the diagonal, then a skipped slot.
-    cost = [[0] * (m + 1) for _ in range(n + 1)]
-    move = [[0] * (m + 1) for _ in range(n + 1)]
-    for j in range(1, m + 1):
-        cost[0][j], move[0][j] = j, 2
+    times, t = [], float("-inf")
+    for w in words:
+        t = max(t, w.time)
+        times.append(t)
+    # Row i (i slots aligned) holds j (words aligned) in [lo[i], hi[i]]: the words said more than
+    # BAND_S before slot i - 1 are behind it, those more than BAND_S after it still ahead. Every
+    # row overlaps the one before, so the last cell is always reachable.
+    lo, hi, t = [0] * (n + 1), [m] * (n + 1), float("-inf")
+    for i, slot in enumerate(network, start=1):
+        t = max(t, next(w.time for w in slot if w is not None))
+        hi[i] = m if i == n else bisect.bisect_right(times, t + BAND_S)
+        lo[i] = min(bisect.bisect_left(times, t - BAND_S), hi[i - 1])
+        if i == 1:
+            hi[0] = bisect.bisect_right(times, t + BAND_S)
+    inf = n + m + 1
+    # cost[i][j - lo[i]]: aligning the first i slots with the first j words; moves: 0 diagonal,
+    # 1 slot without a word, 2 word in a new slot. Ties prefer the diagonal, then a skipped slot.
+    cost = [list(range(hi[0] + 1))]
+    move = [bytearray([1] + [2] * hi[0])]
     for i in range(1, n + 1):
-        row, prev, k, g = cost[i], cost[i - 1], keys[i - 1], gap[i - 1]
-        mrow = move[i]
-        row[0], mrow[0] = prev[0] + g, 1
-        for j in range(1, m + 1):
-            best, how = prev[j - 1] + (0 if wkeys[j - 1] in k else 1), 0
-            c = prev[j] + g
-            if c < best:
-                best, how = c, 1
-            c = row[j - 1] + 1
-            if c < best:
-                best, how = c, 2
-            row[j], mrow[j] = best, how
+        prev, plo, phi = cost[i - 1], lo[i - 1], hi[i - 1]
+        k, g, l0 = keys[i - 1], gap[i - 1], lo[i]
+        row, mrow = [0] * (hi[i] - l0 + 1), bytearray(hi[i] - l0 + 1)
+        for j in range(l0, hi[i] + 1):
+            best, how = inf, 0
+            if j > 0 and plo <= j - 1 <= phi:
+                best = prev[j - 1 - plo] + (0 if wkeys[j - 1] in k else 1)
+            if plo <= j <= phi and prev[j - plo] + g < best:
+                best, how = prev[j - plo] + g, 1
+            if j > l0 and row[j - 1 - l0] + 1 < best:
+                best, how = row[j - 1 - l0] + 1, 2
+            row[j - l0], mrow[j - l0] = best, how
+        cost.append(row)
+        move.append(mrow)
     out: list[Slot] = []
     i, j = n, m
     while i or j:
-        how = move[i][j]
+        how = move[i][j - lo[i]] if i else 2
         if how == 0:
             out.append(network[i - 1] + [words[j - 1]])
             i, j = i - 1, j - 1
@@ -174,14 +204,16 @@ def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, p
     return out
 
 
-def revise(segments: list[TranscriptSegment], others: list[list[str]], encode: Callable[[str], list[int]]) -> None:
+def revise(segments: list[TranscriptSegment], others: list[list[tuple[float, float, str]]],
+           encode: Callable[[str], list[int]]) -> None:
     """Rewrite `segments` (the backbone's, in order) in place to the vote's outcome over them and
-    `others` (each another hypothesis's segment texts, in order). A segment whose words changed
-    gets the new text and its tokens (`encode`; no token log-probabilities any more); one that
-    lost every word gets an empty text, for the caller to drop. Times are the backbone's."""
-    voted = vote([words_of([s.text for s in segments]), *(words_of(texts) for texts in others)])
+    `others` (each another hypothesis's segments as (start s, end s, text), in order). A segment
+    whose words changed gets the new text and its tokens (`encode`; no token log-probabilities any
+    more); one that lost every word gets an empty text, for the caller to drop. Times stay."""
+    hypotheses = [words_of([s.text for s in segments], [(s.start, s.end) for s in segments]),
+                  *(words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in others)]
     words: list[list[str]] = [[] for _ in segments]
-    for v in voted:
+    for v in vote(hypotheses):
         words[v.segment].append(v.word.text)
     for seg, new in zip(segments, words):
         if new != [w.text for w in words_of([seg.text])]:

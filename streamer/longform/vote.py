@@ -83,13 +83,15 @@ def _align(network: list[Slot], words: list[VoteWord], width: int) -> list[Slot]
     # Row i (i slots aligned) holds j (words aligned) in [lo[i], hi[i]]: the words said more than
     # BAND_S before slot i - 1 are behind it, those more than BAND_S after it still ahead. Every
     # row overlaps the one before, so the last cell is always reachable.
-    lo, hi, t = [0] * (n + 1), [m] * (n + 1), float("-inf")
+    # The last row reaches every word, but those past its band only as words in new slots.
+    lo, hi, band, t = [0] * (n + 1), [m] * (n + 1), [m] * (n + 1), float("-inf")
     for i, slot in enumerate(network, start=1):
         t = max(t, next(w.time for w in slot if w is not None))
-        hi[i] = m if i == n else bisect.bisect_right(times, t + BAND_S)
+        band[i] = bisect.bisect_right(times, t + BAND_S)
+        hi[i] = m if i == n else band[i]
         lo[i] = min(bisect.bisect_left(times, t - BAND_S), hi[i - 1])
         if i == 1:
-            hi[0] = bisect.bisect_right(times, t + BAND_S)
+            hi[0] = band[0] = band[1]
     inf = n + m + 1
     # cost[i][j - lo[i]]: aligning the first i slots with the first j words; moves: 0 diagonal,
     # 1 slot without a word, 2 word in a new slot. Ties prefer the diagonal, then a skipped slot.
@@ -101,9 +103,9 @@ def _align(network: list[Slot], words: list[VoteWord], width: int) -> list[Slot]
         row, mrow = [0] * (hi[i] - l0 + 1), bytearray(hi[i] - l0 + 1)
         for j in range(l0, hi[i] + 1):
             best, how = inf, 0
-            if j > 0 and plo <= j - 1 <= phi:
+            if 0 < j <= band[i] and plo <= j - 1 <= phi:
                 best = prev[j - 1 - plo] + (0 if wkeys[j - 1] in k else 1)
-            if plo <= j <= phi and prev[j - plo] + g < best:
+            if plo <= j <= min(phi, band[i]) and prev[j - plo] + g < best:
                 best, how = prev[j - plo] + g, 1
             if j > l0 and row[j - 1 - l0] + 1 < best:
                 best, how = row[j - 1 - l0] + 1, 2

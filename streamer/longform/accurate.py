@@ -11,7 +11,10 @@ segment is dropped and `seek` moves to that segment's end, so a word cut by the 
 decoded again whole at the start of the next window; likewise when the VAD hears speech after the
 last segment (the model stopped early). Audio without speech is jumped over, never decoded. A
 recording is one chain of windows; many recordings run as concurrent chains whose windows share the
-engine's steps. docs/longform.md has the details and measurements.
+engine's steps. Longer than one window, the chain's words are then put to a vote with three more
+transcripts decoded alongside it (the chain without conditioning, `fast` greedy and with 5 beams),
+which undoes spellings the prompt carried over whole paragraphs (`vote.py`). docs/longform.md has
+the details and measurements.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window, detect_language
-from streamer.longform.fast import transcribe_fast
+from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
 from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, open_after,
                                       speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
@@ -151,13 +154,14 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         beams = options.beam_size if options.beam_size > 1 else BEAM_SIZE
         progress = None if on_progress is None else (lambda f: on_progress(min(f, 0.99)))
         # Two chains of one window each and two fast runs of at most 31 windows each: the
-        # recording stays within fast's MAX_IN_FLIGHT windows in the engine.
+        # recording stays within MAX_IN_FLIGHT windows in the engine.
+        in_flight = MAX_IN_FLIGHT // 2 - 1
         tasks = [asyncio.ensure_future(c) for c in (
             _sequential(engine, audio, speech, options, language, on_progress=progress),
             _sequential(engine, audio, speech, options, language, condition=False),
-            transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=1), speech=speech, max_in_flight=31),
+            transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=1), speech=speech, max_in_flight=in_flight),
             transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=beams), speech=speech,
-                            max_in_flight=31))]
+                            max_in_flight=in_flight))]
         try:
             (windows, language), (unconditioned, _), greedy, beamed = await asyncio.gather(*tasks)
         finally:  # one failed (QueueFull, EngineClosed) or the caller went away: stop the others
@@ -170,8 +174,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             window.segments = [s for s in window.segments if s.text.strip()]
             if on_segments is not None and window.segments:
                 on_segments(window.segments)
-    if on_progress is not None:
-        on_progress(1.0)
+        if on_progress is not None:
+            on_progress(1.0)
     if word_timestamps:
         await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
     return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)
@@ -236,11 +240,9 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
                 previous = window.segments[-1].text
             if advance < window_s:  # the seek stops at a segment's end: not on its tail before a long pause
                 advance = (open_after(speech, seek + round(advance * SAMPLE_RATE)) - seek) / SAMPLE_RATE
-            if not condition:
-                pass
-            elif result.temperature > PROMPT_RESET_TEMPERATURE:
+            if condition and result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []
-            elif window.segments:
+            elif condition and window.segments:
                 prompt = (prompt + [t for t in result.tokens[:consumed] if t < tok.eot or t >= tok.timestamp_begin])
                 prompt = prompt[-MAX_PROMPT_TOKENS:]
         # The seek always moves on, so a window that ends on its first timestamp cannot loop.
@@ -251,4 +253,6 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
         if on_progress is not None:
             on_progress(min(1.0, seek / n))
 
+    if on_progress is not None and seek < n:  # the rest holds no speech
+        on_progress(1.0)
     return windows, language

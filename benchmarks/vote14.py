@@ -82,13 +82,13 @@ def main() -> None:
     parser.add_argument("--acc", default="acc13_main")
     parser.add_argument("--hyps", default="acc14_hyps")
     parser.add_argument("--rules", default="acc,unp,fast,fastb5,fw5,acc+unp+fast,acc+unp+fastb5,acc+fast+fastb5,acc+unp+fast+fastb5")
-    parser.add_argument("--specs", default=",".join(SPECS))
+    parser.add_argument("--specs", default=",".join(SPECS + HELD_OUT))
     parser.add_argument("--extra", default="", help="more result files (hyps14.py's format), comma-separated")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     data = load(args.acc, args.hyps, tuple(f for f in args.extra.split(",") if f))
     rules = args.rules.split(",")
-    rows, totals, totals7 = [], {r: 0 for r in rules}, {r: 0 for r in rules}
+    rows, totals, totals7, held = [], {r: 0 for r in rules}, {r: 0 for r in rules}, {r: 0 for r in rules}
     complete = {r: True for r in rules}
     print("file".ljust(18) + "".join(r.rjust(22) for r in rules))
     for spec in args.specs.split(","):
@@ -105,16 +105,21 @@ def main() -> None:
             e, n = errors(rec["reference"], text, rec["language"])
             row[rule] = {"errors": e, "words": n, "wer_%": round(100 * e / n, 2), "vote_s": round(time.perf_counter() - t0, 2),
                          "text": text}
-            totals[rule] += e
+            if spec in HELD_OUT:
+                held[rule] += e
+            else:
+                totals[rule] += e
             if spec in ISSUE:
                 totals7[rule] += e
             line += f"{100 * e / n:6.2f} ({e:3d})".rjust(22)
         rows.append(row)
         print(line, flush=True)
-    print("total".ljust(18) + "".join((str(totals[r]) + ("" if complete[r] else "*")).rjust(22) for r in rules))
+    print("total (11)".ljust(18) + "".join((str(totals[r]) + ("" if complete[r] else "*")).rjust(22) for r in rules))
     print("issue 7".ljust(18) + "".join(str(totals7[r]).rjust(22) for r in rules))
+    print("held out".ljust(18) + "".join(str(held[r]).rjust(22) for r in rules))
     if args.out:
-        print("wrote", write_json(args.out, {"rules": rules, "totals": totals, "totals_issue7": totals7, "rows": rows}))
+        print("wrote", write_json(args.out, {"rules": rules, "totals_11": totals, "totals_issue7": totals7, "totals_held_out": held,
+                                                   "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ decoded without that prompt do not share its style flips, so where most transcri
 the odd one out is overruled.
 
 The hypotheses' words are aligned into one network of slots (the first hypothesis, the backbone,
-first; each further one aligned to the network by edit distance on a normalised form of the words);
-each slot then takes the form most hypotheses have there (a missing word is a candidate too), ties
-going to the backbone. Pure and deterministic: the same hypotheses give the same words.
-`revise` applies the outcome to the backbone's segments.
+first; each further one aligned to the network by edit distance on a normalised form of the words,
+within 30 s of each other); each run of slots where they disagree takes the phrase most hypotheses
+say there, or slot by slot the form most have (a missing word is a candidate too), ties going to
+the backbone. Pure and deterministic: the same hypotheses give the same words. `revise` applies
+the outcome to the backbone's segments.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from streamer.longform.transcript import TranscriptSegment
 
 _STRIP = string.punctuation + "¿¡«»“”‘’…"
+"""Punctuation around a word: "now." and "now" are one word to the vote."""
 _JOINED = re.compile(r"(?<=[^\W\d_]{2})-(?=[^\W\d_]{2})")
 """A hyphen between two runs of two letters or more: "re-record" is "rerecord" written another
 way, while "5-0-0" and "I-A-X" spell out what "500" and "IAX" say as one word."""
@@ -82,8 +84,8 @@ def _align(network: list[Slot], words: list[VoteWord], width: int) -> list[Slot]
         times.append(t)
     # Row i (i slots aligned) holds j (words aligned) in [lo[i], hi[i]]: the words said more than
     # BAND_S before slot i - 1 are behind it, those more than BAND_S after it still ahead. Every
-    # row overlaps the one before, so the last cell is always reachable.
-    # The last row reaches every word, but those past its band only as words in new slots.
+    # row overlaps the one before; the last row reaches every word, those past its band only as
+    # words in new slots, so the last cell is always reachable.
     lo, hi, band, t = [0] * (n + 1), [m] * (n + 1), [m] * (n + 1), float("-inf")
     for i, slot in enumerate(network, start=1):
         t = max(t, next(w.time for w in slot if w is not None))
@@ -91,7 +93,7 @@ def _align(network: list[Slot], words: list[VoteWord], width: int) -> list[Slot]
         hi[i] = m if i == n else band[i]
         lo[i] = min(bisect.bisect_left(times, t - BAND_S), hi[i - 1])
         if i == 1:
-            hi[0] = band[0] = band[1]
+            hi[0] = band[1]
     inf = n + m + 1
     # cost[i][j - lo[i]]: aligning the first i slots with the first j words; moves: 0 diagonal,
     # 1 slot without a word, 2 word in a new slot. Ties prefer the diagonal, then a skipped slot.

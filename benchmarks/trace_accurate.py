@@ -3,8 +3,10 @@ length, temperature, verdict, text with its timestamps) and the WER per file, in
 
     python benchmarks/trace_accurate.py --model tiny.en --files messy-en-8-1,6min --out trace.json
 
-Same code path as `bench_live_accuracy.py --offline accurate` (`transcribe_long(mode="accurate")`
-on one engine); only `decode_window` is wrapped to record what it returned.
+The conditioned chain alone (`transcribe_accurate(vote=False)`, `accurate` before session 14);
+`--vote` runs `accurate` as the product does (the same code path as `bench_live_accuracy.py
+--offline accurate`), and the trace then holds the windows of both of its chains, interleaved. Only
+`decode_window` is wrapped to record what it returned.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ def main() -> None:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--files", default="messy-en-8-1")
     parser.add_argument("--out", default="trace_accurate.json")
+    parser.add_argument("--vote", action="store_true", help="accurate with its vote (the product)")
     args = parser.parse_args()
 
     from streamer.config import ModelConfig, load_settings
     from streamer.engine.engine import Engine
     from streamer.engine.request import SAMPLE_RATE, DecodeOptions
-    from streamer.longform import accurate, transcribe_long
+    from streamer.longform import accurate
 
     settings = load_settings({"MODEL_ID": args.model})
     engine = Engine.load(ModelConfig(model=args.model, device="cpu"), settings.engine)
@@ -57,10 +60,10 @@ def main() -> None:
         windows.clear()
         base[0] = rec["audio"].__array_interface__["data"][0]
         t0 = time.perf_counter()
-        transcript = asyncio.run(transcribe_long(engine, rec["audio"], mode="accurate",
-                                                 options=DecodeOptions(language=rec["language"])))
+        transcript = asyncio.run(accurate.transcribe_accurate(engine, rec["audio"], DecodeOptions(language=rec["language"]),
+                                                              vote=args.vote))
         text = transcript.text
-        rows.append({"file": rec["name"], "system": "accurate", "run": 0,
+        rows.append({"file": rec["name"], "system": "accurate-vote" if args.vote else "accurate", "run": 0,
                      "wer_%": wer([rec["reference"]], [text], rec["language"]),
                      "wall_s": round(time.perf_counter() - t0, 1), "windows": len(windows), "text": text,
                      "segments": [(round(s.start, 2), round(s.end, 2), s.text) for s in transcript.segments],

@@ -341,3 +341,20 @@ def test_a_recording_waits_for_queue_room_instead_of_failing(minute):
     finally:
         small.close()
     assert wer(reference, t.text) < 0.12
+
+
+def test_accurate_votes_over_its_hypotheses_deterministically(engine, minute):
+    """Over a minute (several windows) `accurate` votes with the unconditioned chain and both fast
+    runs: the same input gives the same output, every segment keeps the chain's times and tokens
+    that decode to its text, and the text is no worse than the conditioned chain's alone."""
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform.accurate import transcribe_accurate
+
+    audio, reference = minute
+    voted = [asyncio.run(transcribe_long(engine, audio, mode="accurate")) for _ in range(2)]
+    assert [(s.start, s.end, s.text) for s in voted[0].segments] == [(s.start, s.end, s.text) for s in voted[1].segments]
+    chain = asyncio.run(transcribe_accurate(engine, audio, DecodeOptions(), vote=False))
+    assert {(s.start, s.end) for s in voted[0].segments} <= {(s.start, s.end) for s in chain.segments}
+    for s in voted[0].segments:
+        assert s.text.strip() and engine.tokenizer.decode(s.tokens) == s.text
+    assert wer(reference, voted[0].text) <= wer(reference, chain.text) + 0.02, (voted[0].text, chain.text)

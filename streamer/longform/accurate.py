@@ -11,7 +11,10 @@ segment is dropped and `seek` moves to that segment's end, so a word cut by the 
 decoded again whole at the start of the next window; likewise when the VAD hears speech after the
 last segment (the model stopped early). Audio without speech is jumped over, never decoded. A
 recording is one chain of windows; many recordings run as concurrent chains whose windows share the
-engine's steps. docs/longform.md has the details and measurements.
+engine's steps. Longer than one window, the chain's words are then put to a vote with three more
+transcripts decoded alongside it (the chain without conditioning, `fast` greedy and with 5 beams),
+which undoes spellings the prompt carried over whole paragraphs (`vote.py`). docs/longform.md has
+the details and measurements.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
-from streamer.longform.decode import decode_window
+from streamer.longform.decode import decode_window, detect_language
+from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
 from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, open_after,
                                       speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
+from streamer.longform.vote import revise
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
 
@@ -125,17 +130,72 @@ def echoes(previous: str, tokens: list[int], tokenizer: Tokenizer) -> bool:
 
 async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
                               on_progress: Callable[[float], None] | None = None,
-                              on_segments: Callable[[list[TranscriptSegment]], None] | None = None) -> Transcript:
-    """Transcribe `audio` (16 kHz float32) window after window; see the module's docstring."""
+                              on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
+                              vote: bool = True) -> Transcript:
+    """Transcribe `audio` (16 kHz float32) window after window; see the module's docstring.
+
+    With `vote` (longer than one window), three more transcripts of the recording are decoded at
+    the same time: the same seek without previous-text conditioning, and `fast` greedy and with
+    `BEAM_SIZE` beams. Their majority decides each word of the conditioned transcript (`vote.py`):
+    conditioned on its own output, Whisper keeps a spelling it chose once for whole paragraphs
+    ("5-0-0" for "500"), and which spelling depends on the prompt. Segments then come all at once
+    when the vote is done."""
     tok = engine.tokenizer
     n = len(audio)
     speech = await asyncio.to_thread(find_speech, audio)
     language = options.language if tok.multilingual else "en"
+    if not vote or n <= MAX_WINDOW_SAMPLES or not speech:  # one window: every hypothesis decodes it alike
+        windows, language = await _sequential(engine, audio, speech, options, language,
+                                              on_progress=on_progress, on_segments=on_segments)
+    else:
+        if language is None:  # one language for every hypothesis, detected as `fast` does
+            language = await detect_language(engine, audio[speech[0][0]:speech[0][0] + MAX_WINDOW_SAMPLES], options)
+        options = dataclasses.replace(options, language=language)
+        beams = options.beam_size if options.beam_size > 1 else BEAM_SIZE
+        progress = None if on_progress is None else (lambda f: on_progress(min(f, 0.99)))
+        # Two chains of one window each and two fast runs of at most 31 windows each: the
+        # recording stays within MAX_IN_FLIGHT windows in the engine.
+        in_flight = MAX_IN_FLIGHT // 2 - 1
+        tasks = [asyncio.ensure_future(c) for c in (
+            _sequential(engine, audio, speech, options, language, on_progress=progress),
+            _sequential(engine, audio, speech, options, language, condition=False),
+            transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=1), speech=speech, max_in_flight=in_flight),
+            transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=beams), speech=speech,
+                            max_in_flight=in_flight))]
+        try:
+            (windows, language), (unconditioned, _), greedy, beamed = await asyncio.gather(*tasks)
+        finally:  # one failed (QueueFull, EngineClosed) or the caller went away: stop the others
+            for task in tasks:
+                task.cancel()
+        others = [[(s.start, s.end, s.text) for s in segments] for segments in
+                  ([s for w in unconditioned for s in w.segments], greedy.segments, beamed.segments)]
+        revise([s for w in windows for s in w.segments], others, tok.encode)
+        for window in windows:
+            window.segments = [s for s in window.segments if s.text.strip()]
+            if on_segments is not None and window.segments:
+                on_segments(window.segments)
+        if on_progress is not None:
+            on_progress(1.0)
+    if word_timestamps:
+        await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
+    return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)
+
+
+async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int, int]], options: DecodeOptions,
+                      language: str | None, *, condition: bool = True,
+                      on_progress: Callable[[float], None] | None = None,
+                      on_segments: Callable[[list[TranscriptSegment]], None] | None = None
+                      ) -> tuple[list[Window], str | None]:
+    """The windows of the sequential seek and the language; without `condition`, no window is
+    prompted with the text before it (the caller's prompt still opens every window)."""
+    tok = engine.tokenizer
+    n = len(audio)
     # Tokens kept since the last reset, timestamps included, fed back verbatim as openai/whisper
     # does: a prompt with timestamps keeps the model writing sentence-sized segments, one without
     # them drifts to long segments that now and then skip a repeated sentence. The caller's prompt
     # opens it.
-    prompt = tok.encode(" " + options.prompt.strip()) if options.prompt and options.prompt.strip() else []
+    initial = tok.encode(" " + options.prompt.strip()) if options.prompt and options.prompt.strip() else []
+    prompt = list(initial)
     beam_size = options.beam_size if options.beam_size > 1 else BEAM_SIZE
     windows: list[Window] = []
     seek, next_speech = 0, 0
@@ -160,7 +220,7 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             # A repetition that the unprompted decode keeps is speech.
             result = await decode_window(engine, audio[seek:seek + window.length],
                                          dataclasses.replace(opts, prompt_tokens=None), started=True)
-            prompt = []
+            prompt = [] if condition else list(initial)
         language = language or result.language
         window_s = window.length / SAMPLE_RATE
         # Silence: skip the stretch of speech the window starts in, not the whole window (openai
@@ -180,9 +240,9 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
                 previous = window.segments[-1].text
             if advance < window_s:  # the seek stops at a segment's end: not on its tail before a long pause
                 advance = (open_after(speech, seek + round(advance * SAMPLE_RATE)) - seek) / SAMPLE_RATE
-            if result.temperature > PROMPT_RESET_TEMPERATURE:
+            if condition and result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []
-            elif window.segments:
+            elif condition and window.segments:
                 prompt = (prompt + [t for t in result.tokens[:consumed] if t < tok.eot or t >= tok.timestamp_begin])
                 prompt = prompt[-MAX_PROMPT_TOKENS:]
         # The seek always moves on, so a window that ends on its first timestamp cannot loop.
@@ -195,6 +255,4 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
 
     if on_progress is not None and seek < n:  # the rest holds no speech
         on_progress(1.0)
-    if word_timestamps:
-        await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
-    return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)
+    return windows, language

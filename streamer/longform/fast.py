@@ -59,9 +59,11 @@ def plan_windows(speech: list[tuple[int, int]], n_samples: int) -> list[tuple[in
 async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
                           on_progress: Callable[[float], None] | None = None,
                           on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
-                          max_in_flight: int = MAX_IN_FLIGHT) -> Transcript:
-    """Transcribe `audio` (16 kHz float32) in parallel windows; see the module's docstring."""
-    speech = await asyncio.to_thread(find_speech, audio)
+                          max_in_flight: int = MAX_IN_FLIGHT, speech: list[tuple[int, int]] | None = None) -> Transcript:
+    """Transcribe `audio` (16 kHz float32) in parallel windows; see the module's docstring.
+    `speech`: the recording's VAD stretches when the caller has them already."""
+    if speech is None:
+        speech = await asyncio.to_thread(find_speech, audio)
     windows = [Window(start=s, length=e - s) for s, e in plan_windows(speech, len(audio))]
     options = dataclasses.replace(options, timestamps=True)
     language = options.language if engine.tokenizer.multilingual else "en"

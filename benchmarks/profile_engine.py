@@ -47,6 +47,13 @@ def kind_of(name: str) -> str:
     return next((k for k, pattern in KINDS if re.search(pattern, low)), "other")
 
 
+def short_name(name: str) -> str:
+    """A kernel's name without its namespaces and return type, long enough to keep the functor of
+    PyTorch's generic kernels (`elementwise_kernel<128, 4, gpu_kernel_impl_nocast<...>>` is any
+    elementwise op on strided tensors until its functor says which)."""
+    return re.sub(r"\bvoid |\bat::native::|\(anonymous namespace\)::|\bc10::", "", name)[:160]
+
+
 def busy_us(intervals: list[tuple[float, float]]) -> float:
     """Length of the union of [start, end) intervals."""
     total, end = 0.0, -1.0
@@ -118,7 +125,7 @@ def profile(shape: str, precision: str, n: int, tokens: int, tokenizer: str, win
         start, length = e.time_range.start, e.time_range.end - e.time_range.start
         intervals.append((start, start + length))
         by_kind[kind_of(e.name)] += length
-        by_name[e.name[:90]] += length
+        by_name[short_name(e.name)] += length
     gpu = busy_us(intervals) / 1e6
     row.update(profiled_wall_s=prof_wall, gpu_busy_s=gpu, gpu_idle_s=prof_wall - gpu,
                kernel_s_by_kind={k: v / 1e6 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},

@@ -195,6 +195,10 @@ class ServerConfig:
     """A stream that has sent no audio this long after it opened is closed (pings do not count)."""
     upload_idle_timeout_s: float = 30.0
     """An upload whose body stalls this long is refused (408) and its temporary file removed."""
+    sse_keepalive_s: float = 15.0
+    """A streamed file response (`stream=true`) with no event for this long gets an SSE comment
+    line, which clients ignore: `accurate` sends its text only once its vote is done, and proxies
+    close responses that stay silent (often after 60 s)."""
     ssl_certfile: str | None = None
     """PEM certificate (chain): serve HTTPS and WSS (the SDKs' realtime clients use TLS)."""
     ssl_keyfile: str | None = None
@@ -261,6 +265,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_CONNECTIONS_PER_CLIENT": ("server", "max_connections_per_client"),
     "FIRST_AUDIO_TIMEOUT_S": ("server", "first_audio_timeout_s"),
     "UPLOAD_IDLE_TIMEOUT_S": ("server", "upload_idle_timeout_s"),
+    "SSE_KEEPALIVE_S": ("server", "sse_keepalive_s"),
     "SSL_CERTFILE": ("server", "ssl_certfile"),
     "SSL_KEYFILE": ("server", "ssl_keyfile"),
     "RESUME_S": ("server", "resume_s"),

@@ -109,6 +109,40 @@ def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     assert wer(JFK, events[-1].text) < 0.1
 
 
+def test_a_quiet_stream_gets_keepalive_comments_that_clients_ignore(engine, jfk):
+    """SSE_KEEPALIVE_S: while a streamed response has no event (here: `accurate` decoding its one
+    window with 5 beams), comment lines keep proxies from closing it; the official SDK reads the
+    same deltas and whole text through them."""
+    with running(create_app(load_settings({"SSE_KEEPALIVE_S": "0.05"}), engine)) as base:
+        request = urllib.request.Request(base + "/v1/audio/transcriptions", data=_multipart(
+            {"model": "tiny.en", "stream": "true", "mode": "accurate"}, jfk), headers={
+            "Content-Type": "multipart/form-data; boundary=" + BOUNDARY})
+        with urllib.request.urlopen(request, timeout=300) as response:
+            body = response.read().decode()
+        sdk = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        events = list(sdk.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True,
+                                                       extra_body={"mode": "accurate"}))
+    comments = [line for line in body.splitlines() if line.startswith(":")]
+    assert comments and set(comments) == {": keep-alive"}
+    assert body.index(": keep-alive") < body.index('"transcript.text.delta"')
+    assert events[-1].type == "transcript.text.done" and wer(JFK, events[-1].text) < 0.15
+    assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
+    assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text
+
+
+BOUNDARY = "streamer-test-boundary"
+
+
+def _multipart(fields: dict[str, str], upload: tuple[str, bytes]) -> bytes:
+    """A multipart/form-data body of `fields` and one file part (name, bytes) called "file"."""
+    parts = [f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    name, data = upload
+    parts.append(f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                 f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
 def test_accurate_mode_and_a_prompt(client, jfk):
     r = client.audio.transcriptions.create(file=jfk, model="tiny.en", prompt="Kennedy's inaugural address.",
                                            temperature=0.2, extra_body={"mode": "accurate"})

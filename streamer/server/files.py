@@ -148,7 +148,8 @@ async def _transcribe(request: Request, task: str) -> Response:
                 return JSONResponse(body)
             return Response(body, media_type=MEDIA_TYPES[req.response_format])
         if req.stream:
-            return StreamingResponse(_events(engine, audio, run, state, started), media_type="text/event-stream",
+            return StreamingResponse(_events(engine, audio, run, state, started, limits.sse_keepalive_s),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         transcript = await transcribe_long(engine, audio, **run)
         _observe(state, transcript, started)
@@ -175,9 +176,10 @@ async def _transcribe(request: Request, task: str) -> Response:
             await form.close()
 
 
-async def _events(engine, audio, run: dict, state, started: float):
+async def _events(engine, audio, run: dict, state, started: float, keepalive_s: float):
     """Server-sent events: `transcript.text.delta` per decoded window (in order), then
-    `transcript.text.done`; an error after the response began comes as an `error` event."""
+    `transcript.text.done`; an error after the response began comes as an `error` event; a comment
+    line after `keepalive_s` without an event."""
     queue: asyncio.Queue = asyncio.Queue()
     first = True
 
@@ -187,7 +189,14 @@ async def _events(engine, audio, run: dict, state, started: float):
     task = asyncio.ensure_future(transcribe_long(engine, audio, on_segments=on_segments, **run))
     task.add_done_callback(lambda _: queue.put_nowait(None))
     try:
-        while (delta := await queue.get()) is not None:
+        while True:
+            try:  # (a get cancelled by the timeout loses no item: wait_for returns one that came meanwhile)
+                delta = await asyncio.wait_for(queue.get(), keepalive_s)
+            except asyncio.TimeoutError:
+                yield KEEPALIVE
+                continue
+            if delta is None:
+                break
             if first:
                 delta, first = delta.lstrip(), False
             if delta:
@@ -203,6 +212,11 @@ async def _events(engine, audio, run: dict, state, started: float):
         yield _sse({"type": "transcript.text.done", "text": transcript.text})
     finally:
         task.cancel()  # the client went away: stop decoding its windows
+
+
+KEEPALIVE = ": keep-alive\n\n"
+"""An SSE comment: ignored by clients (the `openai` SDKs' parsers included), it keeps proxies from
+closing a response that has had nothing to say for a while."""
 
 
 def _sse(event: dict) -> str:

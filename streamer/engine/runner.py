@@ -323,13 +323,12 @@ class Runner:
             h = torch.empty(n, dtype=dtype, pin_memory=cuda)
             return h.copy_(t[:n], non_blocking=cuda)
 
-        copies = (host(tokens, torch.long), host(logprobs, torch.float32),
-                  None if no_speech is None else host(no_speech, torch.float32))
-        done = None
-        if cuda:
-            done = torch.cuda.Event()
-            done.record()
-        return _InFlight(seqs, copies[0], copies[1], done, copies[2])
+        flight = _InFlight(seqs, host(tokens, torch.long), host(logprobs, torch.float32), None,
+                           None if no_speech is None else host(no_speech, torch.float32))
+        if cuda:  # recorded after the copies: it passes once they are done
+            flight.done = torch.cuda.Event()
+            flight.done.record()
+        return flight
 
     def _finish_in_flight(self, out: StepResult) -> None:
         """Record the read-backs pending, oldest first: wait for their copies, take the tokens of

@@ -16,7 +16,7 @@ from streamer.engine.runner import Runner
 from streamer.model.decoding import initial_tokens
 from streamer.model.cpu_linear import HALF_LINEARS, HalfWeightLinear, HalfWeightProjection, with_half_weights
 from streamer.model.weights import WeightsError, load_model, read_ct2, save_hf_checkpoint
-from streamer.model.whisper import KVCache, PassCache
+from streamer.model.whisper import KVCache, PassCache, copy_words
 
 transformers = pytest.importorskip("transformers")
 
@@ -222,6 +222,25 @@ def test_move_rows_copies_the_cross_buffers_whole_and_the_self_positions_asked(c
             assert new[dst, :, :upto].equal(old[src, :, :upto]) and new[dst, :, upto:].equal(old[dst, :, upto:]), name
         else:
             assert new[dst].equal(old[src]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.uint8])
+def test_copy_words_copies_head_split_views_bit_for_bit(dtype):
+    """`copy_words` (the fp16 cross K/V write): a head-split view of a projection [B, T, 2 x D] lands in
+    a [B, H, T, Dh] buffer as `copy_` would put it, through 8-byte words where the strides allow and
+    element by element where they do not (odd head widths, odd offsets)."""
+    g = torch.Generator().manual_seed(1)
+    for b, t, h, dh in [(3, 7, 4, 16), (2, 5, 3, 6), (1, 3, 2, 5)]:
+        proj = torch.randint(0, 200, (b, t, 2 * h * dh), generator=g).to(dtype)
+        for half in proj.chunk(2, dim=-1):
+            src = half.view(b, t, h, dh).transpose(1, 2)
+            dst = torch.zeros(b + 2, h, t, dh, dtype=dtype)
+            copy_words(dst[1:1 + b], src)
+            assert dst[1:1 + b].equal(src) and not dst[0].any() and not dst[-1].any()
+        odd = proj[:, :, 1:1 + h * dh].reshape(b, t, h, dh).transpose(1, 2)  # offset of one element
+        dst = torch.zeros(b, h, t, dh, dtype=dtype)
+        copy_words(dst, odd)
+        assert dst.equal(odd)
 
 
 def test_decoder_returns_the_cross_attention_logits_of_the_heads_asked(tiny, jfk_path):

@@ -183,12 +183,24 @@ class LayerKV(nn.Module):
 
 
 def _as_words(t: Tensor) -> Tensor:
-    """`t` viewed as 8-byte elements along its last dimension where its size allows: an indexed copy
-    moves one element per thread, so 1-byte FP8 codes or 2-byte halves moved as such take 4-8x the
-    threads for the same bytes."""
-    if t.is_contiguous() and (t.shape[-1] * t.element_size()) % 8 == 0:
+    """`t` viewed as 8-byte elements along its last dimension where its layout allows (last dimension
+    contiguous; its bytes, the offset and every other stride multiples of 8 bytes): a copy moves one
+    element per thread, so 1-byte FP8 codes or 2-byte halves moved as such take 4-8x the threads."""
+    ratio = 8 // t.element_size()
+    if (t.stride(-1) == 1 and t.shape[-1] % ratio == 0 and t.storage_offset() % ratio == 0
+            and all(st % ratio == 0 for st in t.stride()[:-1])):
         return t.view(torch.int64)
     return t
+
+
+def copy_words(dst: Tensor, src: Tensor) -> None:
+    """`dst.copy_(src)` (same shape and dtype), as 8-byte words where both layouts allow. The fp16
+    cross K/V leave their projection as head-split views of [B, 1500, 2 x D]: copied as halves, that
+    strided copy ran at ~1 TB/s, 0.118 s of 256 large-v3 windows on the H200 (session 15)."""
+    d, s = _as_words(dst), _as_words(src)
+    if d.dtype != s.dtype:
+        d, s = dst, src
+    d.copy_(s)
 
 
 class KVCache(nn.Module):
@@ -301,7 +313,8 @@ class DecoderBlock(nn.Module):
         if layer.cross_format != "fp16":
             raise ValueError(f"a {layer.cross_format} cross cache is written by the fused blocks (model/fused.py), "
                              "not the plain ones")
-        layer.cross_k[s], layer.cross_v[s] = project_cross_kv(self, audio_features)
+        k, v = project_cross_kv(self, audio_features)
+        copy_words(layer.cross_k[s], k), copy_words(layer.cross_v[s], v)
 
 
 class TiedProjection(nn.Module):

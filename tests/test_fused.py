@@ -15,9 +15,10 @@ from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions
-from streamer.model.fused import FusedDecoderBlock, FusedEncoderBlock, apply_precision
+from streamer.audio.features import log_mel_spectrogram
+from streamer.model.fused import FusedAudioEncoder, FusedDecoderBlock, FusedEncoderBlock, apply_precision
 from streamer.model.weights import load_model
-from streamer.model.whisper import DecoderBlock, KVCache
+from streamer.model.whisper import AudioEncoder, DecoderBlock, KVCache
 from cuda_ops.fp8 import FP8Linear
 from cuda_ops.precision import get_preset
 
@@ -78,6 +79,21 @@ def test_apply_precision_swaps_the_chosen_sites_in_a_new_model():
     assert isinstance(narrow.encoder.blocks[0], FusedEncoderBlock)
     unfused = apply_precision(plain, get_preset("full_fp16:use_fused_layernorm=0"))
     assert type(unfused.decoder.blocks[0]) is DecoderBlock
+
+
+def test_fused_encoder_adds_each_residual_inside_the_next_layer_norm(clips):
+    """full_fp16's encoder passes (x, delta) between blocks and adds them in the next LayerNorm (no
+    add kernel): the plain encoder's function, on real audio; the plain model keeps its encoder."""
+    plain = load_model("tiny.en")
+    model = apply_precision(plain.model, get_preset("full_fp16"))
+    assert isinstance(model.encoder, FusedAudioEncoder) and type(plain.model.encoder) is AudioEncoder
+    assert model.encoder.conv1 is plain.model.encoder.conv1 and model.encoder.ln_post is plain.model.encoder.ln_post
+    mel = log_mel_spectrogram(clips[0], plain.dims.n_mels)
+    with torch.inference_mode():
+        ours, ref = model.encoder(mel), plain.model.encoder(mel)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    unfused = apply_precision(plain.model, get_preset("full_fp16:use_fused_layernorm=0"))
+    assert type(unfused.encoder) is AudioEncoder
 
 
 @pytest.mark.parametrize("cross_format", ["fp8", "int4"])

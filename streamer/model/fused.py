@@ -22,7 +22,7 @@ from cuda_ops.fp8 import FP8Linear, ffn_fp8
 from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
 from cuda_ops.precision import PrecisionConfig
-from streamer.model.whisper import (DecoderBlock, EncoderBlock, LayerKV, Whisper, _merge_heads, _split_heads,
+from streamer.model.whisper import (AudioEncoder, DecoderBlock, EncoderBlock, LayerKV, Whisper, _merge_heads, _split_heads,
                                     copy_words, cross_qk, project_cross_kv, with_children)
 
 PREFILL_ROWS_MAX = 16
@@ -45,11 +45,18 @@ def _ln(x: Tensor, ln: nn.LayerNorm, residual: Tensor | None = None, fp8: bool =
     return ((y, scale) if fp8 else y), res
 
 
-def _mlp(block: nn.Module, x: Tensor, a: Tensor) -> Tensor:
-    """x + a, then + MLP(LN(x + a)); FP8 end to end when fc1 is FP8."""
+def _mlp_delta(block: nn.Module, x: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+    """(x + a, MLP(LN(x + a))): the block's output as residual and delta, for the next LayerNorm to
+    add; FP8 end to end when fc1 is FP8."""
     fp8 = isinstance(block.fc1, FP8Linear)
     h, x = _ln(a, block.mlp_ln, residual=x, fp8=fp8)
-    return x + (ffn_fp8(h, block.fc1, block.fc2) if fp8 else block.fc2(F.gelu(block.fc1(h))))
+    return x, (ffn_fp8(h, block.fc1, block.fc2) if fp8 else block.fc2(F.gelu(block.fc1(h))))
+
+
+def _mlp(block: nn.Module, x: Tensor, a: Tensor) -> Tensor:
+    """x + a, then + MLP(LN(x + a))."""
+    x, delta = _mlp_delta(block, x, a)
+    return x + delta
 
 
 def _adopt(module: nn.Module, block: nn.Module) -> None:
@@ -60,17 +67,42 @@ def _adopt(module: nn.Module, block: nn.Module) -> None:
 
 
 class FusedEncoderBlock(nn.Module):
-    """`EncoderBlock`'s function through the fused LayerNorm (FP8 out when qkv or fc1 is FP8)."""
+    """`EncoderBlock`'s function through the fused LayerNorm (FP8 out when qkv or fc1 is FP8), on
+    the residual stream as (x, delta): the block takes x + delta and returns its output as a new
+    (x, delta), so that each residual add happens inside the next LayerNorm (`FusedAudioEncoder`)
+    instead of in an add kernel of its own (0.028 s of 256 large-v3 windows on the H200)."""
 
     def __init__(self, block: EncoderBlock):
         super().__init__()
         _adopt(self, block)
 
-    def forward(self, x: Tensor) -> Tensor:
-        h, _ = _ln(x, self.attn_ln, fp8=isinstance(self.qkv, FP8Linear))
+    def forward(self, x: Tensor, delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        fp8 = isinstance(self.qkv, FP8Linear)
+        if delta is None:
+            h, _ = _ln(x, self.attn_ln, fp8=fp8)
+        else:
+            h, x = _ln(delta, self.attn_ln, residual=x, fp8=fp8)
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         a = F.scaled_dot_product_attention(*(_split_heads(t, self.n_head) for t in (q, k, v)))
-        return _mlp(self, x, self.attn_out(_merge_heads(a)))
+        return _mlp_delta(self, x, self.attn_out(_merge_heads(a)))
+
+
+class FusedAudioEncoder(AudioEncoder):
+    """`AudioEncoder` over `FusedEncoderBlock`s: the residual stream passes between blocks as
+    (x, delta), and the final LayerNorm adds the last delta. Made by `fused_encoder`."""
+
+    def forward(self, mel: Tensor) -> Tensor:
+        x, delta = self.embed(mel), None
+        for block in self.blocks:
+            x, delta = block(x, delta)
+        return _ln(delta, self.ln_post, residual=x)[0]
+
+
+def fused_encoder(encoder: AudioEncoder, blocks: list[FusedEncoderBlock]) -> FusedAudioEncoder:
+    """`encoder` with `blocks` as a `FusedAudioEncoder`: its stem and final LayerNorm shared."""
+    new = with_children(encoder, blocks=nn.ModuleList(blocks))
+    new.__class__ = FusedAudioEncoder
+    return new
 
 
 class FusedDecoderBlock(nn.Module):
@@ -203,6 +235,7 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
     for block in model.decoder.blocks:
         block = convert(block, decoder_sites)
         decoder_blocks.append(FusedDecoderBlock(block, config.cross_kv_epilogue) if config.use_fused_layernorm else block)
-    encoder = with_children(model.encoder, blocks=nn.ModuleList(encoder_blocks))
+    encoder = (fused_encoder(model.encoder, encoder_blocks) if config.use_fused_layernorm
+               else with_children(model.encoder, blocks=nn.ModuleList(encoder_blocks)))
     decoder = with_padded_vocabulary(with_children(model.decoder, blocks=nn.ModuleList(decoder_blocks)))
     return with_children(model, encoder=encoder, decoder=decoder)

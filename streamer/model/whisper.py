@@ -126,11 +126,15 @@ class AudioEncoder(nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head) for _ in range(dims.n_audio_layer))
         self.ln_post = nn.LayerNorm(d)
 
-    def forward(self, mel: Tensor) -> Tensor:
-        # mel: [B, n_mels, 3000] -> [B, 1500, D]
+    def embed(self, mel: Tensor) -> Tensor:
+        """The convolution stem: mel [B, n_mels, 3000] -> [B, 1500, D] with positions added."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
-        x = x + self.positional_embedding
+        return x + self.positional_embedding
+
+    def forward(self, mel: Tensor) -> Tensor:
+        # mel: [B, n_mels, 3000] -> [B, 1500, D]
+        x = self.embed(mel)
         for block in self.blocks:
             x = block(x)
         return self.ln_post(x)

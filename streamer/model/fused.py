@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from cuda_ops.attention import decode_attention, dequantize_kv
 from cuda_ops.cross_int4 import decode_attention_int4, dequantize_k, dequantize_v, write_cross_kv_int4
 from cuda_ops.cross_kv import write_cross_kv_fp8
-from cuda_ops.fp8 import FP8Linear, ffn_fp8
+from cuda_ops.fp8 import FP8Linear, bias_gelu, ffn_fp8
 from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
 from cuda_ops.precision import PrecisionConfig
@@ -50,7 +50,9 @@ def _mlp_delta(block: nn.Module, x: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
     add; FP8 end to end when fc1 is FP8."""
     fp8 = isinstance(block.fc1, FP8Linear)
     h, x = _ln(a, block.mlp_ln, residual=x, fp8=fp8)
-    return x, (ffn_fp8(h, block.fc1, block.fc2) if fp8 else block.fc2(F.gelu(block.fc1(h))))
+    # fp16: our GELU kernel (memory-bound; PyTorch's erff-based one is bound by instructions: 0.099 s of
+    # 256 large-v3 windows on the H200, ~0.06 s of bytes)
+    return x, (ffn_fp8(h, block.fc1, block.fc2) if fp8 else block.fc2(bias_gelu(block.fc1(h), None)))
 
 
 def _mlp(block: nn.Module, x: Tensor, a: Tensor) -> Tensor:

@@ -620,6 +620,92 @@ def _v_prod(word, pp, USE_ASM: tl.constexpr):
 
 
 @jit
+def _pv_fma_plain(x, pp, acc, j: tl.constexpr):
+    if j == 0:
+        m = x & 0x000F000F
+    elif j == 1:
+        m = x & 0x00F000F0
+    elif j == 2:
+        m = (x >> 8) & 0x000F000F
+    else:
+        m = (x >> 8) & 0x00F000F0
+    vlo, vhi = _h2(m)
+    plo, phi = _h2(pp)
+    alo, ahi = _h2(acc)
+    return _pack_h2(alo + vlo * plo, ahi + vhi * phi)
+
+
+@jit
+def _v_fma(word, pp, a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM: tl.constexpr):
+    """acc_j += p'' x pair j of int64 elements of V codes (fp16x2): one position's 16 values."""
+    if USE_ASM:
+        a0, a1, a2, a3, a4, a5, a6, a7 = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 lo, hi, t, a;
+            mov.b64 {lo, hi}, $8;
+            and.b32 a, lo, 0x000F000F;
+            fma.rn.f16x2 $0, a, $9, $10;
+            and.b32 a, lo, 0x00F000F0;
+            fma.rn.f16x2 $1, a, $9, $11;
+            shr.u32 t, lo, 8;
+            and.b32 a, t, 0x000F000F;
+            fma.rn.f16x2 $2, a, $9, $12;
+            and.b32 a, t, 0x00F000F0;
+            fma.rn.f16x2 $3, a, $9, $13;
+            and.b32 a, hi, 0x000F000F;
+            fma.rn.f16x2 $4, a, $9, $14;
+            and.b32 a, hi, 0x00F000F0;
+            fma.rn.f16x2 $5, a, $9, $15;
+            shr.u32 t, hi, 8;
+            and.b32 a, t, 0x000F000F;
+            fma.rn.f16x2 $6, a, $9, $16;
+            and.b32 a, t, 0x00F000F0;
+            fma.rn.f16x2 $7, a, $9, $17;
+            }""",
+            "=r,=r,=r,=r,=r,=r,=r,=r,l,r,r,r,r,r,r,r,r,r", [word, pp, a0, a1, a2, a3, a4, a5, a6, a7],
+            dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    else:
+        lo, hi = _halves_plain(word)
+        a0 = _pv_fma_plain(lo, pp, a0, 0)
+        a1 = _pv_fma_plain(lo, pp, a1, 1)
+        a2 = _pv_fma_plain(lo, pp, a2, 2)
+        a3 = _pv_fma_plain(lo, pp, a3, 3)
+        a4 = _pv_fma_plain(hi, pp, a4, 0)
+        a5 = _pv_fma_plain(hi, pp, a5, 1)
+        a6 = _pv_fma_plain(hi, pp, a6, 2)
+        a7 = _pv_fma_plain(hi, pp, a7, 3)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@jit
+def _k_group(k_base, t0, I: tl.constexpr, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee,
+             G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr):
+    """Base-2 logits [G] of positions t0 + I x G + gg (-inf past end)."""
+    offs = t0 + I * G + gg
+    mask = offs < end
+    kw = tl.load(k_base + offs[:, None] * E + ee[None, :], mask=mask[:, None], other=0)
+    s = tl.sum(_k_dot(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d - od
+    return tl.where(mask, s, float("-inf"))
+
+
+@jit
+def _v_group(v_base, vs_base, t0, I: tl.constexpr, end, s, m_new, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6, a7,
+             G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr):
+    """p of positions t0 + I x G + gg (their logits s), p x v_scale, and their V products added to the
+    fp16x2 sums a0..a7 with weight p'' = p x v_scale x pscale."""
+    offs = t0 + I * G + gg
+    mask = offs < end
+    vw = tl.load(v_base + offs[:, None] * E + ee[None, :], mask=mask[:, None], other=0)
+    vsc = tl.load(vs_base + offs, mask=mask, other=0.0).to(tl.float32)
+    p = tl.exp2(s - m_new)
+    pv = p * vsc
+    ph = (pv * pscale).to(tl.float16)
+    pp = _pack_h2(ph, ph)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _v_fma(vw, pp[:, None], a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM)
+    return p, pv, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@jit
 def _f2(x, USE_ASM: tl.constexpr):
     """int32 fp16x2 words -> (fp32 low, fp32 high)."""
     if USE_ASM:
@@ -673,12 +759,12 @@ def _decode_int4_v2_kernel(
     stride_qb, stride_qh, stride_cs, stride_ch,
     stride_kss, stride_ksh, stride_kst, stride_vss, stride_vsh,
     stride_ob, stride_oh, num_splits,
-    HAS_SLOTS: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, E: tl.constexpr, HALF: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, G: tl.constexpr, E: tl.constexpr, HALF: tl.constexpr,
     STAGES: tl.constexpr, USE_ASM: tl.constexpr,
 ):  # fmt: skip
     # k_ptr, v_ptr: the codes as int64 elements [S, H, T, E] (E = D/16), each slot-head's T x E contiguous.
-    # qs_ptr: int32 scratch [B x H, n_tiles, HALF] (q'' pairs), qd_ptr: fp32 [B x H, n_tiles, 2] (d, d x offset).
-    # One step = one 128-position scale tile = NG groups of G positions ([NG, G, E] tensors).
+    # qs_ptr: int32 scratch [B x H, n_tiles, HALF] (q'' pairs), qd_ptr: fp32 [B x H, n_tiles, 4] (d, d x offset, vmax / 2^14, 2^14 / vmax).
+    # One loop step = one 128-position scale tile = 8 groups of G = 16 positions ([G, E] tensors, one warp).
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
     b = pid // H
@@ -692,7 +778,8 @@ def _decode_int4_v2_kernel(
     ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
     vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
     qs_base = qs_ptr + pid.to(tl.int64) * (n_tiles * HALF)
-    qd_base = qd_ptr + pid.to(tl.int64) * (n_tiles * 2)
+    qd_base = qd_ptr + pid.to(tl.int64) * (n_tiles * 4)
+    pos = tl.arange(0, 128)
 
     # Prologue: q'' pairs, multiplier and offset of each tile of this split.
     kk = tl.arange(0, HALF)
@@ -713,31 +800,27 @@ def _decode_int4_v2_kernel(
         offset = tl.sum((h0.to(tl.float32) + h1.to(tl.float32)) / div, axis=0) * (8.0 * 5.9604644775390625e-08)
         d = amax * (1.0 / 16384.0) * 16777216.0  # logits per unit of the fp16 sums (x 2^-24)
         tl.store(qs_base + tile * HALF + kk, _pack_h2(h0, h1))
-        tl.store(qd_base + tile * 2, d)
-        tl.store(qd_base + tile * 2 + 1, d * offset)
+        vmax = tl.max(tl.load(vs_base + tile * 128 + pos, mask=tile * 128 + pos < T, other=0.0).to(tl.float32), axis=0)
+        tl.store(qd_base + tile * 4, d)
+        tl.store(qd_base + tile * 4 + 1, d * offset)
+        tl.store(qd_base + tile * 4 + 2, vmax * (1.0 / 16384.0))  # p'' x this = p x v_scale
+        tl.store(qd_base + tile * 4 + 3, tl.where(vmax > 0, 16384.0 / tl.maximum(vmax, 1e-30), 0.0))
     tl.debug_barrier()
 
-    gi = tl.arange(0, NG)
     gg = tl.arange(0, G)
     ee = tl.arange(0, E)
-    pos = gi[:, None] * G + gg[None, :]  # [NG, G]: position within the tile
     k_base = k_ptr + slot * stride_cs + h * stride_ch
     v_base = v_ptr + slot * stride_cs + h * stride_ch
     m_i = tl.full((), -1e30, tl.float32)
-    l_i = tl.zeros((NG, G), tl.float32)
-    lv_i = tl.zeros((NG, G), tl.float32)
+    l_i = tl.zeros((G,), tl.float32)
+    lv_i = tl.zeros((G,), tl.float32)
     z = tl.zeros((G, E), tl.float32)
     c0l, c0h, c1l, c1h, c2l, c2h, c3l, c3h = z, z, z, z, z, z, z, z
     c4l, c4h, c5l, c5h, c6l, c6h, c7l, c7h = z, z, z, z, z, z, z, z
+    zi = tl.zeros((G, E), tl.int32)
     for t0 in tl.range(start, end, 128, num_stages=STAGES):
-        offs_t = t0 + pos
-        mask_t = offs_t < end
-        rows = offs_t[:, :, None] * E + ee[None, None, :]  # [NG, G, E]
-        kw = tl.load(k_base + rows, mask=mask_t[:, :, None], other=0)
-        vw = tl.load(v_base + rows, mask=mask_t[:, :, None], other=0)
-        vsc = tl.load(vs_base + offs_t, mask=mask_t, other=0.0).to(tl.float32)
         tile = t0 // 128
-        qrow = qs_base + tile * HALF + 8 * ee[None, None, :]
+        qrow = qs_base + tile * HALF + 8 * ee[None, :]
         q0 = tl.load(qrow)
         q1 = tl.load(qrow + 1)
         q2 = tl.load(qrow + 2)
@@ -746,35 +829,54 @@ def _decode_int4_v2_kernel(
         q5 = tl.load(qrow + 5)
         q6 = tl.load(qrow + 6)
         q7 = tl.load(qrow + 7)
-        d = tl.load(qd_base + tile * 2)
-        od = tl.load(qd_base + tile * 2 + 1)
-        s = tl.sum(_k_dot(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=2) * d - od  # [NG, G], base-2 logits
-        s = tl.where(mask_t, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=1), axis=0))
+        d = tl.load(qd_base + tile * 4)
+        od = tl.load(qd_base + tile * 4 + 1)
+        c = tl.load(qd_base + tile * 4 + 2)
+        pscale = tl.load(qd_base + tile * 4 + 3)
+        s0 = _k_group(k_base, t0, 0, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s1 = _k_group(k_base, t0, 1, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s2 = _k_group(k_base, t0, 2, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s3 = _k_group(k_base, t0, 3, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s4 = _k_group(k_base, t0, 4, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s5 = _k_group(k_base, t0, 5, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s6 = _k_group(k_base, t0, 6, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s7 = _k_group(k_base, t0, 7, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        mx = tl.maximum(tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)),
+                        tl.maximum(tl.maximum(s4, s5), tl.maximum(s6, s7)))
+        m_new = tl.maximum(m_i, tl.max(mx, axis=0))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        l_i = l_i * alpha + p
-        pv = p * vsc
-        lv_i = lv_i * alpha + pv
-        vmax = tl.max(tl.max(vsc, axis=1), axis=0)
-        pscale = tl.where(vmax > 0, 16384.0 / tl.maximum(vmax, 1e-30), 0.0)
-        ph = (pv * pscale).to(tl.float16)
-        pp = _pack_h2(ph, ph)  # [NG, G]
-        c = vmax * (1.0 / 16384.0)
-        r0, r1, r2, r3, r4, r5, r6, r7 = _v_prod(vw, pp[:, :, None], USE_ASM)
-        c0l, c0h = _flush(c0l, c0h, _sum_h2(r0, USE_ASM), alpha, c, USE_ASM)
-        c1l, c1h = _flush(c1l, c1h, _sum_h2(r1, USE_ASM), alpha, c, USE_ASM)
-        c2l, c2h = _flush(c2l, c2h, _sum_h2(r2, USE_ASM), alpha, c, USE_ASM)
-        c3l, c3h = _flush(c3l, c3h, _sum_h2(r3, USE_ASM), alpha, c, USE_ASM)
-        c4l, c4h = _flush(c4l, c4h, _sum_h2(r4, USE_ASM), alpha, c, USE_ASM)
-        c5l, c5h = _flush(c5l, c5h, _sum_h2(r5, USE_ASM), alpha, c, USE_ASM)
-        c6l, c6h = _flush(c6l, c6h, _sum_h2(r6, USE_ASM), alpha, c, USE_ASM)
-        c7l, c7h = _flush(c7l, c7h, _sum_h2(r7, USE_ASM), alpha, c, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = zi, zi, zi, zi, zi, zi, zi, zi
+        p0, v0, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 0, end, s0, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p1, v1, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 1, end, s1, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p2, v2, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 2, end, s2, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p3, v3, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 3, end, s3, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p4, v4, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 4, end, s4, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p5, v5, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 5, end, s5, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p6, v6, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 6, end, s6, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        p7, v7, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 7, end, s7, m_new, pscale, gg, ee,
+                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        l_i = l_i * alpha + (((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)))
+        lv_i = lv_i * alpha + (((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)))
+        c0l, c0h = _flush(c0l, c0h, a0, alpha, c, USE_ASM)
+        c1l, c1h = _flush(c1l, c1h, a1, alpha, c, USE_ASM)
+        c2l, c2h = _flush(c2l, c2h, a2, alpha, c, USE_ASM)
+        c3l, c3h = _flush(c3l, c3h, a3, alpha, c, USE_ASM)
+        c4l, c4h = _flush(c4l, c4h, a4, alpha, c, USE_ASM)
+        c5l, c5h = _flush(c5l, c5h, a5, alpha, c, USE_ASM)
+        c6l, c6h = _flush(c6l, c6h, a6, alpha, c, USE_ASM)
+        c7l, c7h = _flush(c7l, c7h, a7, alpha, c, USE_ASM)
         m_i = m_new
     # c..: sums over positions of p x v_scale x code (x16 for high nibbles) per lane: the units of lv x code
     # (the products were p x v_scale x 2^14 / vmax x code x 2^-24, times c = vmax / 2^14 ... x 2^24 below).
-    l_sum = tl.sum(tl.sum(l_i, axis=1), axis=0)
-    lv = tl.sum(tl.sum(lv_i, axis=1), axis=0) * 5.9604644775390625e-08  # x 2^-24: the codes' units
+    l_sum = tl.sum(l_i, axis=0)
+    lv = tl.sum(lv_i, axis=0) * 5.9604644775390625e-08  # x 2^-24: the codes' units
     if num_splits == 1:
         inv = tl.where(l_sum > 0, 16777216.0 / tl.maximum(l_sum, 1e-30), 0.0)  # length 0 -> zeros
         ob = out_ptr + b * stride_ob + h * stride_oh
@@ -822,18 +924,17 @@ def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor,
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
     qs = torch.empty(B * H * n_tiles * (D // 2), device=q.device, dtype=torch.int32)
-    qd = torch.empty(B * H * n_tiles * 2, device=q.device, dtype=torch.float32)
+    qd = torch.empty(B * H * n_tiles * 4, device=q.device, dtype=torch.float32)
     kw, vw = k_codes.view(torch.int64), v_codes.view(torch.int64)  # 8 code bytes (16 values) an element
     if kw.stride(2) != D // 16 or vw.stride() != kw.stride():
         raise ValueError("the codes' positions must be contiguous rows of D/2 bytes, K and V alike")
-    G = 16 * num_warps
     _decode_int4_v2_kernel[(B * H, splits)](
         q, kw, vw, k_scale, v_scale, slot_ids if slot_ids is not None else part_m, qs, qd,
         part_m, part_l, part_acc, out, math.log2(math.e) / math.sqrt(D), H, T, chunk, n_tiles,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), v_scale.stride(0), v_scale.stride(1),
         out.stride(0), out.stride(1), splits,
-        HAS_SLOTS=slot_ids is not None, G=G, NG=SCALE_TILE // G, E=D // 16, HALF=D // 2, STAGES=stages,
+        HAS_SLOTS=slot_ids is not None, G=16, E=D // 16, HALF=D // 2, STAGES=stages,
         USE_ASM=use_asm, num_warps=num_warps, num_stages=max(1, stages),
     )  # fmt: skip
     if splits > 1:

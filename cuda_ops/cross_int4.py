@@ -453,10 +453,14 @@ def _decode_int4_kernel(
 #   multiplier).
 # USE_ASM=False runs the same data flow with plain Triton ops (the interpreter cannot run inline asm).
 
-V2_WARPS, V2_STAGES = (int(x) for x in os.environ.get("STREAMER_INT4_V2_LAUNCH", "1x3").split("x"))
+# One warp a program (the loop's layout: 16 positions x E elements a group); cp.async stages of the loop.
+V2_WARPS, V2_STAGES = 1, int(os.environ.get("STREAMER_INT4_V2_STAGES", "3"))
 V2_WAVES = 8  # split T until B x H x splits reaches 8 one-warp programs per SM
 # Which decode kernel decode_attention_int4_triton runs: "v1" (the session-13 kernel above) or "v2".
 DECODE_KERNEL = os.environ.get("STREAMER_INT4_ATTN_KERNEL", "v1")
+# K's codes centred per value (1024-based fp16 and one HSUB2 a pair: fp16 sums of q x (n - 8), ~4x less
+# rounding in the logits) or not (subnormal codes, the +8 taken out per tile: fewer instructions).
+V2_CENTER_K = os.environ.get("STREAMER_INT4_V2_CENTER_K", "0") == "1"
 
 
 @jit
@@ -518,6 +522,86 @@ def _qk_plain(x, qa, qb, qc, qd, acc_lo, acc_hi):
         acc_lo = acc_lo + vlo * qlo
         acc_hi = acc_hi + vhi * qhi
     return acc_lo, acc_hi
+
+
+@jit
+def _qk_center_plain(x, qa, qb, qc, qd, acc_lo, acc_hi):
+    """As _qk_plain with the codes as 1024 + n (or 1024 + 16n) minus 1032 (1152): n - 8 exactly."""
+    for j in tl.static_range(4):
+        if j == 0:
+            m = (x & 0x000F000F) | 0x64006400
+            qp = qa
+        elif j == 1:
+            m = (x & 0x00F000F0) | 0x64006400
+            qp = qb
+        elif j == 2:
+            m = ((x >> 8) & 0x000F000F) | 0x64006400
+            qp = qc
+        else:
+            m = ((x >> 8) & 0x00F000F0) | 0x64006400
+            qp = qd
+        vlo, vhi = _h2(m)
+        sub = 1032.0 if j % 2 == 0 else 1152.0
+        vlo = vlo - sub
+        vhi = vhi - sub
+        qlo, qhi = _h2(qp)
+        acc_lo = acc_lo + vlo * qlo
+        acc_hi = acc_hi + vhi * qhi
+    return acc_lo, acc_hi
+
+
+@jit
+def _k_dot_center(word, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM: tl.constexpr):
+    """int64 elements of K codes [.., E] . their 16 channels' q'' with the codes' +8 taken out per value
+    (1024-based fp16, one subtraction a pair) -> fp32 (units 2^-24)."""
+    if USE_ASM:
+        r = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 lo, hi, t, a, acc, c0, c1;
+            .reg .b16 h0, h1;
+            .reg .f32 f0, f1;
+            mov.b32 c0, 0x64086408;
+            mov.b32 c1, 0x64806480;
+            mov.b64 {lo, hi}, $1;
+            lop3.b32 a, lo, 0x000F000F, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c0;
+            mul.rn.f16x2 acc, a, $2;
+            lop3.b32 a, lo, 0x00F000F0, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c1;
+            fma.rn.f16x2 acc, a, $3, acc;
+            shr.u32 t, lo, 8;
+            lop3.b32 a, t, 0x000F000F, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c0;
+            fma.rn.f16x2 acc, a, $4, acc;
+            lop3.b32 a, t, 0x00F000F0, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c1;
+            fma.rn.f16x2 acc, a, $5, acc;
+            lop3.b32 a, hi, 0x000F000F, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c0;
+            fma.rn.f16x2 acc, a, $6, acc;
+            lop3.b32 a, hi, 0x00F000F0, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c1;
+            fma.rn.f16x2 acc, a, $7, acc;
+            shr.u32 t, hi, 8;
+            lop3.b32 a, t, 0x000F000F, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c0;
+            fma.rn.f16x2 acc, a, $8, acc;
+            lop3.b32 a, t, 0x00F000F0, 0x64006400, 0xea;
+            sub.rn.f16x2 a, a, c1;
+            fma.rn.f16x2 acc, a, $9, acc;
+            mov.b32 {h0, h1}, acc;
+            cvt.f32.f16 f0, h0;
+            cvt.f32.f16 f1, h1;
+            add.f32 $0, f0, f1;
+            }""",
+            "=f,l,r,r,r,r,r,r,r,r", [word, q0, q1, q2, q3, q4, q5, q6, q7], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        lo, hi = _halves_plain(word)
+        z = tl.zeros(lo.shape, tl.float16)
+        a_lo, a_hi = _qk_center_plain(lo, q0, q1, q2, q3, z, z)
+        a_lo, a_hi = _qk_center_plain(hi, q4, q5, q6, q7, a_lo, a_hi)
+        r = a_lo.to(tl.float32) + a_hi.to(tl.float32)
+    return r
 
 
 @jit
@@ -679,12 +763,15 @@ def _v_fma(word, pp, a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM: tl.constexpr):
 
 @jit
 def _k_group(k_base, t0, I: tl.constexpr, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee,
-             G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr):
+             G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr, CENTER_K: tl.constexpr):
     """Base-2 logits [G] of positions t0 + I x G + gg (-inf past end)."""
     offs = t0 + I * G + gg
     mask = offs < end
     kw = tl.load(k_base + offs[:, None] * E + ee[None, :], mask=mask[:, None], other=0)
-    s = tl.sum(_k_dot(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d - od
+    if CENTER_K:
+        s = tl.sum(_k_dot_center(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d
+    else:
+        s = tl.sum(_k_dot(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d - od
     return tl.where(mask, s, float("-inf"))
 
 
@@ -760,7 +847,7 @@ def _decode_int4_v2_kernel(
     stride_kss, stride_ksh, stride_kst, stride_vss, stride_vsh,
     stride_ob, stride_oh, num_splits,
     HAS_SLOTS: tl.constexpr, G: tl.constexpr, E: tl.constexpr, HALF: tl.constexpr,
-    STAGES: tl.constexpr, USE_ASM: tl.constexpr,
+    STAGES: tl.constexpr, USE_ASM: tl.constexpr, CENTER_K: tl.constexpr,
 ):  # fmt: skip
     # k_ptr, v_ptr: the codes as int64 elements [S, H, T, E] (E = D/16), each slot-head's T x E contiguous.
     # qs_ptr: int32 scratch [B x H, n_tiles, HALF] (q'' pairs), qd_ptr: fp32 [B x H, n_tiles, 4] (d, d x offset, vmax / 2^14, 2^14 / vmax).
@@ -794,11 +881,17 @@ def _decode_int4_v2_kernel(
         a0 = qv0 * tl.load(ks_base + tile * stride_kst + ch0).to(tl.float32)
         a1 = qv1 * tl.load(ks_base + tile * stride_kst + ch1).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(a0), axis=0), tl.max(tl.abs(a1), axis=0))
-        norm = tl.where(amax > 0, 16384.0 / tl.maximum(amax, 1e-30), 0.0)
+        if CENTER_K:  # products q'' x (n - 8) and sums of 16 of them stay below fp16's 65504
+            qn: tl.constexpr = 512.0
+            unit: tl.constexpr = 1.0
+        else:  # products q'' x n x 2^-24: the largest q'' at 2^14 keeps them normal
+            qn: tl.constexpr = 16384.0
+            unit: tl.constexpr = 5.9604644775390625e-08
+        norm = tl.where(amax > 0, qn / tl.maximum(amax, 1e-30), 0.0)
         h0 = (a0 * norm * div).to(tl.float16)
         h1 = (a1 * norm * div).to(tl.float16)
         offset = tl.sum((h0.to(tl.float32) + h1.to(tl.float32)) / div, axis=0) * (8.0 * 5.9604644775390625e-08)
-        d = amax * (1.0 / 16384.0) * 16777216.0  # logits per unit of the fp16 sums (x 2^-24)
+        d = amax / qn / unit  # logits per unit of the fp16 sums
         tl.store(qs_base + tile * HALF + kk, _pack_h2(h0, h1))
         vmax = tl.max(tl.load(vs_base + tile * 128 + pos, mask=tile * 128 + pos < T, other=0.0).to(tl.float32), axis=0)
         tl.store(qd_base + tile * 4, d)
@@ -833,14 +926,14 @@ def _decode_int4_v2_kernel(
         od = tl.load(qd_base + tile * 4 + 1)
         c = tl.load(qd_base + tile * 4 + 2)
         pscale = tl.load(qd_base + tile * 4 + 3)
-        s0 = _k_group(k_base, t0, 0, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s1 = _k_group(k_base, t0, 1, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s2 = _k_group(k_base, t0, 2, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s3 = _k_group(k_base, t0, 3, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s4 = _k_group(k_base, t0, 4, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s5 = _k_group(k_base, t0, 5, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s6 = _k_group(k_base, t0, 6, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
-        s7 = _k_group(k_base, t0, 7, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s0 = _k_group(k_base, t0, 0, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s1 = _k_group(k_base, t0, 1, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s2 = _k_group(k_base, t0, 2, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s3 = _k_group(k_base, t0, 3, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s4 = _k_group(k_base, t0, 4, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s5 = _k_group(k_base, t0, 5, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s6 = _k_group(k_base, t0, 6, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s7 = _k_group(k_base, t0, 7, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
         mx = tl.maximum(tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)),
                         tl.maximum(tl.maximum(s4, s5), tl.maximum(s6, s7)))
         m_new = tl.maximum(m_i, tl.max(mx, axis=0))
@@ -899,7 +992,7 @@ def _decode_int4_v2_kernel(
 def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_scale: Tensor, v_scale: Tensor,
                                     slot_ids: Tensor | None = None, *, out: Tensor | None = None,
                                     num_splits: int | None = None, num_warps: int = V2_WARPS, stages: int = V2_STAGES,
-                                    use_asm: bool | None = None) -> Tensor:
+                                    use_asm: bool | None = None, center_k: bool = V2_CENTER_K) -> Tensor:
     """The v2 kernel on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D] in q's dtype.
 
     Splits: whole 128-position tiles until B x H x splits reaches V2_WAVES programs per SM, merged by
@@ -935,7 +1028,7 @@ def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor,
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), v_scale.stride(0), v_scale.stride(1),
         out.stride(0), out.stride(1), splits,
         HAS_SLOTS=slot_ids is not None, G=16, E=D // 16, HALF=D // 2, STAGES=stages,
-        USE_ASM=use_asm, num_warps=num_warps, num_stages=max(1, stages),
+        USE_ASM=use_asm, CENTER_K=center_k, num_warps=num_warps, num_stages=max(1, stages),
     )  # fmt: skip
     if splits > 1:
         _decode_reduce_kernel[(B * H,)](

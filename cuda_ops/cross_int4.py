@@ -240,7 +240,11 @@ def decode_attention_int4_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_
 
     Splits of the positions: as the FP8 tile cache's rule (`auto_fp8_tile_splits`: whole 128-position
     tiles until B x H x splits reaches 4 programs per SM), merged by attention.py's pass 2.
+    DECODE_KERNEL "v2" (STREAMER_INT4_ATTN_KERNEL=v2) runs decode_attention_int4_v2_triton instead.
     """
+    if DECODE_KERNEL == "v2":  # the launch arguments of v1 do not apply
+        return decode_attention_int4_v2_triton(q, k_codes, v_codes, k_scale, v_scale, slot_ids, out=out,
+                                               num_splits=num_splits)
     _check(q, k_codes, v_codes, k_scale, v_scale, slot_ids)
     B, H, D = q.shape
     T = k_codes.shape[2]
@@ -458,6 +462,8 @@ V2_WARPS, V2_STAGES = 1, int(os.environ.get("STREAMER_INT4_V2_STAGES", "3"))
 V2_WAVES = 8  # split T until B x H x splits reaches 8 one-warp programs per SM
 # Which decode kernel decode_attention_int4_triton runs: "v1" (the session-13 kernel above) or "v2".
 DECODE_KERNEL = os.environ.get("STREAMER_INT4_ATTN_KERNEL", "v1")
+if DECODE_KERNEL not in ("v1", "v2"):
+    raise ValueError(f"STREAMER_INT4_ATTN_KERNEL must be v1 or v2, got {DECODE_KERNEL!r}")
 # K's codes centred per value (1024-based fp16 and one HSUB2 a pair: fp16 sums of q x (n - 8), ~4x less
 # rounding in the logits) or not (subnormal codes, the +8 taken out per tile: fewer instructions).
 V2_CENTER_K = os.environ.get("STREAMER_INT4_V2_CENTER_K", "0") == "1"
@@ -776,20 +782,25 @@ def _k_group(k_base, t0, I: tl.constexpr, end, q0, q1, q2, q3, q4, q5, q6, q7, d
 
 
 @jit
-def _v_group(v_base, vs_base, t0, I: tl.constexpr, end, s, m_new, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6, a7,
+def _p_group(vs_base, t0, I: tl.constexpr, end, s, m_new, gg, G: tl.constexpr):
+    """(p, p x v_scale) of positions t0 + I x G + gg, their logits s."""
+    offs = t0 + I * G + gg
+    vsc = tl.load(vs_base + offs, mask=offs < end, other=0.0).to(tl.float32)
+    p = tl.exp2(s - m_new)
+    return p, p * vsc
+
+
+@jit
+def _v_group(v_base, t0, I: tl.constexpr, end, pv, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6, a7,
              G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr):
-    """p of positions t0 + I x G + gg (their logits s), p x v_scale, and their V products added to the
-    fp16x2 sums a0..a7 with weight p'' = p x v_scale x pscale."""
+    """The V products of positions t0 + I x G + gg with weight p'' = p x v_scale x pscale (fp16) added
+    to the fp16x2 sums a0..a7."""
     offs = t0 + I * G + gg
     mask = offs < end
     vw = tl.load(v_base + offs[:, None] * E + ee[None, :], mask=mask[:, None], other=0)
-    vsc = tl.load(vs_base + offs, mask=mask, other=0.0).to(tl.float32)
-    p = tl.exp2(s - m_new)
-    pv = p * vsc
     ph = (pv * pscale).to(tl.float16)
     pp = _pack_h2(ph, ph)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _v_fma(vw, pp[:, None], a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM)
-    return p, pv, a0, a1, a2, a3, a4, a5, a6, a7
+    return _v_fma(vw, pp[:, None], a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM)
 
 
 @jit
@@ -850,7 +861,7 @@ def _decode_int4_v2_kernel(
     STAGES: tl.constexpr, USE_ASM: tl.constexpr, CENTER_K: tl.constexpr,
 ):  # fmt: skip
     # k_ptr, v_ptr: the codes as int64 elements [S, H, T, E] (E = D/16), each slot-head's T x E contiguous.
-    # qs_ptr: int32 scratch [B x H, n_tiles, HALF] (q'' pairs), qd_ptr: fp32 [B x H, n_tiles, 4] (d, d x offset, vmax / 2^14, 2^14 / vmax).
+    # qs_ptr: int32 scratch [B x H, n_tiles, HALF] (q'' pairs), qd_ptr: fp32 [B x H, n_tiles, 2] (d, d x offset).
     # One loop step = one 128-position scale tile = 8 groups of G = 16 positions ([G, E] tensors, one warp).
     pid = tl.program_id(0)  # b * H + h
     split = tl.program_id(1)
@@ -865,8 +876,7 @@ def _decode_int4_v2_kernel(
     ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
     vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
     qs_base = qs_ptr + pid.to(tl.int64) * (n_tiles * HALF)
-    qd_base = qd_ptr + pid.to(tl.int64) * (n_tiles * 4)
-    pos = tl.arange(0, 128)
+    qd_base = qd_ptr + pid.to(tl.int64) * (n_tiles * 2)
 
     # Prologue: q'' pairs, multiplier and offset of each tile of this split.
     kk = tl.arange(0, HALF)
@@ -893,11 +903,8 @@ def _decode_int4_v2_kernel(
         offset = tl.sum((h0.to(tl.float32) + h1.to(tl.float32)) / div, axis=0) * (8.0 * 5.9604644775390625e-08)
         d = amax / qn / unit  # logits per unit of the fp16 sums
         tl.store(qs_base + tile * HALF + kk, _pack_h2(h0, h1))
-        vmax = tl.max(tl.load(vs_base + tile * 128 + pos, mask=tile * 128 + pos < T, other=0.0).to(tl.float32), axis=0)
-        tl.store(qd_base + tile * 4, d)
-        tl.store(qd_base + tile * 4 + 1, d * offset)
-        tl.store(qd_base + tile * 4 + 2, vmax * (1.0 / 16384.0))  # p'' x this = p x v_scale
-        tl.store(qd_base + tile * 4 + 3, tl.where(vmax > 0, 16384.0 / tl.maximum(vmax, 1e-30), 0.0))
+        tl.store(qd_base + tile * 2, d)
+        tl.store(qd_base + tile * 2 + 1, d * offset)
     tl.debug_barrier()
 
     gg = tl.arange(0, G)
@@ -922,10 +929,8 @@ def _decode_int4_v2_kernel(
         q5 = tl.load(qrow + 5)
         q6 = tl.load(qrow + 6)
         q7 = tl.load(qrow + 7)
-        d = tl.load(qd_base + tile * 4)
-        od = tl.load(qd_base + tile * 4 + 1)
-        c = tl.load(qd_base + tile * 4 + 2)
-        pscale = tl.load(qd_base + tile * 4 + 3)
+        d = tl.load(qd_base + tile * 2)
+        od = tl.load(qd_base + tile * 2 + 1)
         s0 = _k_group(k_base, t0, 0, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
         s1 = _k_group(k_base, t0, 1, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
         s2 = _k_group(k_base, t0, 2, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
@@ -938,23 +943,37 @@ def _decode_int4_v2_kernel(
                         tl.maximum(tl.maximum(s4, s5), tl.maximum(s6, s7)))
         m_new = tl.maximum(m_i, tl.max(mx, axis=0))
         alpha = tl.exp2(m_i - m_new)
+        p0, v0 = _p_group(vs_base, t0, 0, end, s0, m_new, gg, G)
+        p1, v1 = _p_group(vs_base, t0, 1, end, s1, m_new, gg, G)
+        p2, v2 = _p_group(vs_base, t0, 2, end, s2, m_new, gg, G)
+        p3, v3 = _p_group(vs_base, t0, 3, end, s3, m_new, gg, G)
+        p4, v4 = _p_group(vs_base, t0, 4, end, s4, m_new, gg, G)
+        p5, v5 = _p_group(vs_base, t0, 5, end, s5, m_new, gg, G)
+        p6, v6 = _p_group(vs_base, t0, 6, end, s6, m_new, gg, G)
+        p7, v7 = _p_group(vs_base, t0, 7, end, s7, m_new, gg, G)
+        # p'' = p x v_scale scaled so that the tile's largest is 2^14: its products n x p'' x 2^-24 are
+        # normal fp16; smaller ones may be subnormal, with an absolute error (2^-25) far below it
+        vmax = tl.max(tl.maximum(tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)),
+                                 tl.maximum(tl.maximum(v4, v5), tl.maximum(v6, v7))), axis=0)
+        pscale = tl.where(vmax > 0, 16384.0 / tl.maximum(vmax, 1e-30), 0.0)
+        c = vmax * (1.0 / 16384.0)
         a0, a1, a2, a3, a4, a5, a6, a7 = zi, zi, zi, zi, zi, zi, zi, zi
-        p0, v0, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 0, end, s0, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p1, v1, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 1, end, s1, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p2, v2, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 2, end, s2, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p3, v3, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 3, end, s3, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p4, v4, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 4, end, s4, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p5, v5, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 5, end, s5, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p6, v6, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 6, end, s6, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
-        p7, v7, a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, vs_base, t0, 7, end, s7, m_new, pscale, gg, ee,
-                                                          a0, a1, a2, a3, a4, a5, a6, a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 0, end, v0, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 1, end, v1, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 2, end, v2, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 3, end, v3, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 4, end, v4, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 5, end, v5, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 6, end, v6, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _v_group(v_base, t0, 7, end, v7, pscale, gg, ee, a0, a1, a2, a3, a4, a5, a6,
+                                                  a7, G, E, USE_ASM)
         l_i = l_i * alpha + (((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)))
         lv_i = lv_i * alpha + (((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)))
         c0l, c0h = _flush(c0l, c0h, a0, alpha, c, USE_ASM)
@@ -1017,7 +1036,7 @@ def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor,
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(B * H * splits, D, device=q.device, dtype=torch.float32)
     qs = torch.empty(B * H * n_tiles * (D // 2), device=q.device, dtype=torch.int32)
-    qd = torch.empty(B * H * n_tiles * 4, device=q.device, dtype=torch.float32)
+    qd = torch.empty(B * H * n_tiles * 2, device=q.device, dtype=torch.float32)
     kw, vw = k_codes.view(torch.int64), v_codes.view(torch.int64)  # 8 code bytes (16 values) an element
     if kw.stride(2) != D // 16 or vw.stride() != kw.stride():
         raise ValueError("the codes' positions must be contiguous rows of D/2 bytes, K and V alike")

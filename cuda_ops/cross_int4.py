@@ -851,6 +851,19 @@ def _store_pair(ptr, a_lo, a_hi, lv, inv, e, J: tl.constexpr, HALF: tl.constexpr
 
 
 @jit
+def _store_pairs(ob, c0l, c0h, c1l, c1h, c2l, c2h, c3l, c3h, c4l, c4h, c5l, c5h, c6l, c6h, c7l, c7h, lv, inv, ee,
+                 HALF: tl.constexpr):
+    _store_pair(ob, c0l, c0h, lv, inv, ee, 0, HALF)
+    _store_pair(ob, c1l, c1h, lv, inv, ee, 1, HALF)
+    _store_pair(ob, c2l, c2h, lv, inv, ee, 2, HALF)
+    _store_pair(ob, c3l, c3h, lv, inv, ee, 3, HALF)
+    _store_pair(ob, c4l, c4h, lv, inv, ee, 4, HALF)
+    _store_pair(ob, c5l, c5h, lv, inv, ee, 5, HALF)
+    _store_pair(ob, c6l, c6h, lv, inv, ee, 6, HALF)
+    _store_pair(ob, c7l, c7h, lv, inv, ee, 7, HALF)
+
+
+@jit
 def _decode_int4_v2_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, qs_ptr, qd_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     qk_scale, H, T, chunk, n_tiles,
@@ -985,27 +998,20 @@ def _decode_int4_v2_kernel(
         c6l, c6h = _flush(c6l, c6h, a6, alpha, c, USE_ASM)
         c7l, c7h = _flush(c7l, c7h, a7, alpha, c, USE_ASM)
         m_i = m_new
-    # c..: sums over positions of p x v_scale x code (x16 for high nibbles) per lane: the units of lv x code
-    # (the products were p x v_scale x 2^14 / vmax x code x 2^-24, times c = vmax / 2^14 ... x 2^24 below).
+    # c..: per lane, sums over positions of p x v_scale x code x 2^-24 (x16 for high nibbles): the products
+    # p'' x code x 2^-24 with p'' = p x v_scale x 2^14 / vmax, times c = vmax / 2^14; x 2^24 at the store.
     l_sum = tl.sum(l_i, axis=0)
     lv = tl.sum(lv_i, axis=0) * 5.9604644775390625e-08  # x 2^-24: the codes' units
     if num_splits == 1:
         inv = tl.where(l_sum > 0, 16777216.0 / tl.maximum(l_sum, 1e-30), 0.0)  # length 0 -> zeros
-        ob = out_ptr + b * stride_ob + h * stride_oh
-    else:
+        _store_pairs(out_ptr + b * stride_ob + h * stride_oh, c0l, c0h, c1l, c1h, c2l, c2h, c3l, c3h,
+                     c4l, c4h, c5l, c5h, c6l, c6h, c7l, c7h, lv, inv, ee, HALF)
+    else:  # an unnormalised partial (the pointer types differ, so each branch stores its own)
         part = pid * num_splits + split
         tl.store(part_m_ptr + part, m_i)
         tl.store(part_l_ptr + part, l_sum)
-        inv = 16777216.0
-        ob = part_acc_ptr + part * (2 * HALF)
-    _store_pair(ob, c0l, c0h, lv, inv, ee, 0, HALF)
-    _store_pair(ob, c1l, c1h, lv, inv, ee, 1, HALF)
-    _store_pair(ob, c2l, c2h, lv, inv, ee, 2, HALF)
-    _store_pair(ob, c3l, c3h, lv, inv, ee, 3, HALF)
-    _store_pair(ob, c4l, c4h, lv, inv, ee, 4, HALF)
-    _store_pair(ob, c5l, c5h, lv, inv, ee, 5, HALF)
-    _store_pair(ob, c6l, c6h, lv, inv, ee, 6, HALF)
-    _store_pair(ob, c7l, c7h, lv, inv, ee, 7, HALF)
+        _store_pairs(part_acc_ptr + part * (2 * HALF), c0l, c0h, c1l, c1h, c2l, c2h, c3l, c3h,
+                     c4l, c4h, c5l, c5h, c6l, c6h, c7l, c7h, lv, 16777216.0, ee, HALF)
 
 
 def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_scale: Tensor, v_scale: Tensor,

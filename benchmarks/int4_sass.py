@@ -77,7 +77,10 @@ def compile_and_count(name, fn, flags, types, values, warps, stages, positions, 
                               for x in loop)
     per_pos = len(loop) * 32 * warps / positions
     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
-    print(f"{name:<34} regs {regs:>3} stack {stack:>3}  loop {len(loop):>4} instr / {positions:>3} positions x "
+    smem = kernel.metadata.shared
+    fit = min(65536 // (-(-regs // 8) * 8 * 32 * warps), 64 // warps, 32, (228 * 1024) // (smem + 1024))
+    print(f"{name:<34} regs {regs:>3} stack {stack:>3} smem {smem:>6} B fit {fit:>2}/SM  "
+          f"loop {len(loop):>4} instr / {positions:>3} positions x "
           f"{warps} warps = {per_pos:6.0f} thread-instr/position  [{top}]", flush=True)
     return per_pos
 

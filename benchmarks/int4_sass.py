@@ -54,6 +54,20 @@ def _sig(fn, flags: dict, types: dict, values: dict):
     return sig, const, attrs
 
 
+def other_loops(sass: str, main: list[str]) -> list[int]:
+    """Instruction counts of the other backward-branch bodies outside the main loop (v2: the prologue's
+    loop over the split's 128-position tiles, which runs once per tile)."""
+    ins = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    addr = lambda line: int(re.search(r"/\*([0-9a-f]{4})\*/", line).group(1), 16)  # noqa: E731
+    inside = {addr(x) for x in main}
+    out = []
+    for line in ins:
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", line)
+        if m and int(m.group(1), 16) < addr(line) and addr(line) not in inside:
+            out.append(len([x for x in ins if int(m.group(1), 16) <= addr(x) <= addr(line)]))
+    return out
+
+
 def compile_and_count(name, fn, flags, types, values, warps, stages, positions, tmp, dump=None, maxnreg=0):
     options = dict(num_warps=warps, num_stages=stages)
     if maxnreg:
@@ -67,6 +81,7 @@ def compile_and_count(name, fn, flags, types, values, warps, stages, positions, 
     regs, stack = (int(re.search(rf"{k}:(\d+)", res).group(1)) for k in ("REG", "STACK"))
     sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", path], capture_output=True, text=True).stdout
     loop = attn_sass.main_loop(sass)
+    others = other_loops(sass, loop)
     if dump:
         safe = re.sub(r"\W+", "_", name)
         with open(os.path.join(dump, f"{safe}.sass"), "w") as f:
@@ -79,9 +94,10 @@ def compile_and_count(name, fn, flags, types, values, warps, stages, positions, 
     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
     smem = kernel.metadata.shared
     fit = min(65536 // (-(-regs // 8) * 8 * 32 * warps), 64 // warps, 32, (228 * 1024) // (smem + 1024))
+    extra = "".join(f" + other loop {n} instr ({n * 32 * warps / 128:.0f}/position if once per 128)" for n in others)
     print(f"{name:<34} regs {regs:>3} stack {stack:>3} smem {smem:>6} B fit {fit:>2}/SM  "
           f"loop {len(loop):>4} instr / {positions:>3} positions x "
-          f"{warps} warps = {per_pos:6.0f} thread-instr/position  [{top}]", flush=True)
+          f"{warps} warps = {per_pos:6.0f} thread-instr/position{extra}  [{top}]", flush=True)
     return per_pos
 
 

@@ -24,6 +24,11 @@ Status: an A/B (`PRECISION=mixed_fp8:cross_kv_cache=int4`), in no preset. The de
 bound by instructions, not bytes: 0.54-0.71x the FP8 tile kernel's speed at B >= 32 on the H200
 (docs/benchmarks.md, session 13). A position costs ~1,000 thread-instructions here against FP8's 736,
 and both issue ~21 T/s; to pay, under ~350 (packed fp16x2 unpacking into tensor-core products).
+Issue 15's v2 kernel (below: `decode_attention_int4_v2_triton`, STREAMER_INT4_ATTN_KERNEL=v2) does the
+arithmetic on fp16x2 pairs in the codes' own bits: 304 thread-instructions a position in its loop
+compiled for sm_90 here (+20 for its per-tile prologue), 335 (+14) with K centred per value, against
+v1's 948 and FP8 v7's 736 counted the same way (benchmarks/int4_sass.py; docs/notes/int4_15.md).
+Not yet timed on a GPU (benchmarks/gpu_int4_15.sh).
 
 Each kernel has a pure-PyTorch reference; the dispatchers use the kernels on CUDA and the references
 elsewhere. Under TRITON_INTERPRET=1 the `*_triton` launchers run on the CPU (the tests).

@@ -8,6 +8,10 @@ Tolerance rules:
 - Decode attention: flash-attention's rule against the fp32 reference over the same dequantised
   K/V: within 2x the error of SDPA in fp16 on those K/V, + 1e-5.
 - The format: dequantised K/V within 1/14 of their group's amax (half a code step) of the input.
+- Decode attention v2 (fp16x2 arithmetic on the codes, issue 15): fp16 partial sums (16 products per
+  score piece, 8 positions per output piece) against the fp32 reference, within 1/20 of the 4-bit
+  format's own error (the reference against attention over the unquantised K/V) + 2x SDPA's fp16
+  error: the kernel's arithmetic may add no more than a twentieth of what the codes cost.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from cuda_ops.attention import SCALE_TILE
 from cuda_ops.cross_int4 import (
     _pack, _unpack, cross_kv_int4_reference, decode_attention_int4_reference, decode_attention_int4_triton,
-    dequantize_k, dequantize_v, write_cross_kv_int4_triton,
+    decode_attention_int4_v2_triton, dequantize_k, dequantize_v, write_cross_kv_int4_triton,
 )
 
 CUDA = torch.cuda.is_available()
@@ -145,3 +149,70 @@ def test_bad_shapes_are_refused():
         decode_attention_int4_triton(torch.zeros(2, H, Dh, dtype=torch.float16, device=DEVICE), kc, vc, ks, vs)
     with pytest.raises(ValueError, match="y must be"):
         write_cross_kv_int4_triton(torch.zeros(B, T, 3 * H * Dh, device=DEVICE), kc, vc, ks, vs)
+
+
+# ---- v2 (issue 15): on the CPU the interpreter runs its plain-op data flow (use_asm=False) --------
+
+# (B, T, H, Dh, splits): odd batches, T off the 128-position tile, every head dim, one to several splits
+V2_CASES = [(3, 300, 2, 64, None), (1, 129, 1, 32, 2), (3, 77, 3, 16, 1), (1, 257, 2, 128, 3), (5, 1, 1, 64, 1)]
+if CUDA:
+    V2_CASES += [(4, 1500, 20, 64, None), (33, 1500, 20, 64, None), (7, 1500, 6, 64, 12), (2, 1500, 20, 64, 5)]
+
+
+def _check_v2(y, q, kc, vc, ks, vs, slot_ids=None, **launch):
+    """v2 against the fp32 reference, within 1/20 of the format's error + 2x SDPA's fp16 error."""
+    ours = decode_attention_int4_v2_triton(q, kc, vc, ks, vs, slot_ids, **launch).float()
+    assert torch.isfinite(ours).all()
+    ref = decode_attention_int4_reference(q, kc, vc, ks, vs, slot_ids).float()
+    B, T, N = y.shape
+    H, Dh = kc.shape[1], 2 * kc.shape[3]
+    kv = y.float().reshape(B, T, 2, H, Dh).permute(2, 0, 3, 1, 4)  # the unquantised K/V
+    k, v = dequantize_k(kc, ks), dequantize_v(vc, vs)
+    if slot_ids is not None:
+        kv, k, v = kv[:, slot_ids.long()], k[slot_ids.long()], v[slot_ids.long()]
+    true = F.scaled_dot_product_attention(q.float()[:, :, None], kv[0], kv[1])[:, :, 0]
+    sdpa = F.scaled_dot_product_attention(q.half()[:, :, None], k.half(), v.half())[:, :, 0].float()
+    quant = (true - ref).abs().max().item()
+    tol = quant / 20 + 2 * (sdpa - ref).abs().max().item() + 1e-5
+    err = (ours - ref).abs().max().item()
+    assert err <= tol, (err, tol, quant, launch)
+    return err, quant
+
+
+@pytest.mark.parametrize("case", V2_CASES)
+@pytest.mark.parametrize("center_k", [False, True])
+def test_v2_decode_attention_matches_the_reference(case, center_k):
+    B, T, H, Dh, splits = case
+    y = make_projection(B, T, H, Dh, seed=3)
+    kc, vc, ks, vs = empty_cache(B, T, H, Dh)
+    write_cross_kv_int4_triton(y, kc, vc, ks, vs)
+    q = (torch.randn(B, H, Dh, generator=torch.Generator().manual_seed(4)) * 2).half().to(DEVICE)
+    _check_v2(y, q, kc, vc, ks, vs, num_splits=splits, center_k=center_k)
+
+
+@pytest.mark.parametrize("center_k", [False, True])
+def test_v2_reads_the_slots_given(center_k):
+    B, T, H, Dh = 3, 300, 2, 64
+    y = make_projection(B, T, H, Dh, seed=5)
+    kc, vc, ks, vs = empty_cache(B, T, H, Dh)
+    write_cross_kv_int4_triton(y, kc, vc, ks, vs)
+    q = torch.randn(5, H, Dh, generator=torch.Generator().manual_seed(6)).half().to(DEVICE)
+    slots = torch.tensor([2, 0, 2, 1, 0], dtype=torch.int32, device=DEVICE)
+    for splits in (1, 2):
+        _check_v2(y, q, kc, vc, ks, vs, slots, num_splits=splits, center_k=center_k)
+    alone = decode_attention_int4_v2_triton(q[1:2], kc[:1], vc[:1], ks[:1], vs[:1], center_k=center_k)
+    both = decode_attention_int4_v2_triton(q, kc, vc, ks, vs, slots, center_k=center_k)
+    assert torch.allclose(both[1:2].float(), alone.float(), atol=1e-3)
+
+
+def test_v2_is_the_kernel_selected_by_the_switch(monkeypatch):
+    import cuda_ops.cross_int4 as C
+
+    B, T, H, Dh = 1, 130, 2, 32
+    y = make_projection(B, T, H, Dh, seed=7)
+    kc, vc, ks, vs = empty_cache(B, T, H, Dh)
+    write_cross_kv_int4_triton(y, kc, vc, ks, vs)
+    q = torch.randn(B, H, Dh, generator=torch.Generator().manual_seed(8)).half().to(DEVICE)
+    monkeypatch.setattr(C, "DECODE_KERNEL", "v2")
+    assert torch.equal(C.decode_attention_int4_triton(q, kc, vc, ks, vs, num_splits=2),
+                       decode_attention_int4_v2_triton(q, kc, vc, ks, vs, num_splits=2))

@@ -8,7 +8,7 @@ the odd one out is overruled.
 
 The hypotheses' words are aligned into one network of slots (the first hypothesis, the backbone,
 first; each further one aligned to the network by edit distance on a normalised form of the words,
-within 30 s of each other); each run of slots where they disagree takes the phrase most hypotheses
+within `BAND_S` of each other); each run of slots where they disagree takes the phrase most hypotheses
 say there, or slot by slot the form most have (a missing word is a candidate too), ties going to
 the backbone. Pure and deterministic: the same hypotheses give the same words. `revise` applies
 the outcome to the backbone's segments.
@@ -32,9 +32,12 @@ _JOINED = re.compile(r"(?<=[^\W\d_]{2})-(?=[^\W\d_]{2})")
 way, while "5-0-0" and "I-A-X" spell out what "500" and "IAX" say as one word."""
 
 
-BAND_S = 30.0
-"""Words of two hypotheses are aligned only when their times lie within this many seconds (a
-window's length): the alignment then grows with the recording's length, not with its square."""
+BAND_S = 10.0
+"""Words of two hypotheses are aligned only when their times lie within this many seconds: the
+alignment then grows with the recording's length, not with its square, and the vote can hand a
+word over about four bands after every hypothesis has passed it (`VoteStream`). 30 s (a window)
+until session 15; 10 s gives the same words on all 13 recordings of docs/notes/accuracy15.md, 5 s
+changes two of them."""
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,11 @@ def main() -> None:
         def on_segments(segments, t0=t0, batches=batches):
             batches.append((round(time.perf_counter() - t0, 1), round(segments[-1].end, 1), len(segments)))
 
-        transcript = asyncio.run(transcribe_long(engine, rec["audio"], mode="accurate", options=DecodeOptions(language=rec["language"]),
-                                                 on_segments=on_segments,
-                                                 on_progress=lambda f, t0=t0: progress.append((round(time.perf_counter() - t0, 1), round(f, 2)))))
+        def on_progress(f, t0=t0, progress=progress):
+            progress.append((round(time.perf_counter() - t0, 1), round(f, 2)))
+
+        transcript = asyncio.run(transcribe_long(engine, rec["audio"], mode="accurate", on_segments=on_segments,
+                                                 options=DecodeOptions(language=rec["language"]), on_progress=on_progress))
         wall = round(time.perf_counter() - t0, 1)
         e, n = errors(rec["reference"], transcript.text, rec["language"])
         row = {"file": rec["name"], "spec": spec, "wall_s": wall, "audio_s": round(len(rec["audio"]) / 16000, 1),

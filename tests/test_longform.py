@@ -4,6 +4,8 @@ real tiny.en engine on real recordings joined into a minute of speech."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 import re
 import shutil
@@ -358,3 +360,50 @@ def test_accurate_votes_over_its_hypotheses_deterministically(engine, minute):
     for s in voted[0].segments:
         assert s.text.strip() and engine.tokenizer.decode(s.tokens) == s.text
     assert wer(reference, voted[0].text) <= wer(reference, chain.text) + 0.02, (voted[0].text, chain.text)
+
+
+@pytest.fixture(scope="module")
+def long_minutes(manifest):
+    """English prompts of 8-31 s joined with 0.5-s pauses up to 2.5 minutes: six windows and more of
+    each transcript, so that the vote can hand segments on well before the end."""
+    rows = [r for r in manifest if r["language"] == "en" and "/asterisk/" in r["audio"] and 8 <= r["duration"] <= 31]
+    parts, gap = [], np.zeros(int(GAP_S * SAMPLE_RATE), np.float32)
+    for r in sorted(rows, key=lambda r: r["audio"]):
+        if sum(len(p) for p in parts) >= 150 * SAMPLE_RATE:
+            break
+        parts += [decode_audio(r["audio"]), gap]
+    return np.concatenate(parts)
+
+
+def test_accurate_hands_voted_segments_on_as_they_become_final(engine, long_minutes, monkeypatch):
+    """The vote runs while the four transcripts are decoded: segments reach `on_segments` before
+    the conditioned chain's last window, in order, and they are exactly those of the vote on the
+    four whole transcripts at the end (`revise`)."""
+    from streamer.longform import accurate
+    from streamer.longform.vote import SegmentVote, revise
+
+    given: list[tuple[int, list, float]] = []
+
+    class Recorded(SegmentVote):
+        def add(self, h, segments, until=float("inf")):
+            given.append((h, [dataclasses.replace(s) for s in segments] if h == 0 else list(segments), until))
+            return super().add(h, segments, until)
+
+    monkeypatch.setattr(accurate, "SegmentVote", Recorded)
+    events: list = []
+    t = asyncio.run(transcribe_long(engine, long_minutes, mode="accurate", on_progress=lambda f: events.append(f),
+                                    on_segments=lambda segs: events.append([(s.start, s.end, s.text) for s in segs])))
+    streamed = [s for e in events if isinstance(e, list) for s in e]
+    first = next(i for i, e in enumerate(events) if isinstance(e, list))
+    last_window = next(i for i, e in enumerate(events) if isinstance(e, float) and e >= 0.99)
+    assert first < last_window, "no segment before the chain's last window"
+    assert sum(isinstance(e, list) for e in events) >= 2
+
+    backbone = [s for h, segments, _ in given if h == 0 for s in segments]
+    others = [[s for h, segments, _ in given if h == k for s in segments] for k in (1, 2, 3)]
+    revise(backbone, others, engine.tokenizer.encode)
+    assert streamed == [(s.start, s.end, s.text) for s in backbone if s.text.strip()]
+    assert [(s.start, s.end, s.text) for s in t.segments] == streamed  # `join` had nothing to reorder
+    for prev, cur in zip(streamed, streamed[1:]):
+        assert prev[0] <= prev[1] <= cur[0]
+    assert all(u <= v for (h, _, u), (k, _, v) in itertools.combinations(given, 2) if h == k)  # each settles forward

@@ -1,9 +1,14 @@
 """The word-level vote over transcripts of one recording (`streamer.longform.vote`), on hand-built
-hypotheses: pure, no model."""
+and simulated hypotheses: pure, no model (but for `revise`'s tokens)."""
 
 from __future__ import annotations
 
-from streamer.longform.vote import Voted, VoteWord, align, vote, words_of
+import random
+
+import pytest
+
+from streamer.longform.transcript import TranscriptSegment
+from streamer.longform.vote import SegmentVote, Voted, VoteStream, VoteWord, align, revise, vote, words_of
 
 
 def texts(voted: list[Voted]) -> list[str]:
@@ -60,7 +65,7 @@ def test_alignment_keeps_every_word_of_every_hypothesis_in_order():
 def test_words_far_apart_in_time_are_not_aligned():
     """Within BAND_S of each other the same word shares a slot; a minute apart it does not."""
     here = words_of([" hello"], [(0.0, 1.0)])
-    assert len(align([here, words_of([" hello"], [(20.0, 21.0)])])) == 1
+    assert len(align([here, words_of([" hello"], [(5.0, 6.0)])])) == 1
     slots = align([here, words_of([" hello"], [(60.0, 61.0)])])
     assert [[w is not None for w in slot] for slot in slots] == [[True, False], [False, True]]
 
@@ -72,8 +77,6 @@ def test_the_same_hypotheses_give_the_same_words():
 
 
 def test_revise_rewrites_the_backbone_segments_in_place_and_keeps_their_times():
-    from streamer.longform.transcript import TranscriptSegment
-    from streamer.longform.vote import revise
     from streamer.model.weights import load_model
 
     tok = load_model("tiny.en").tokenizer
@@ -88,3 +91,92 @@ def test_revise_rewrites_the_backbone_segments_in_place_and_keeps_their_times():
     assert [(s.start, s.end, s.text) for s in segments] == [(0.0, 2.0, " Dial 500 now."), (2.0, 3.0, ""), (3.0, 5.0, " Goodbye.")]
     assert segments[0].tokens == tok.encode(" Dial 500 now.") and segments[0].token_logprobs == []
     assert segments[1].tokens == [] and segments[2] is untouched and untouched.token_logprobs == [-0.1] * 3
+
+
+# --- the vote as the transcripts are decoded ---------------------------------------------------------
+
+def simulated(seed: int, words: int = 400) -> list[list[tuple[float, float, str]]]:
+    """Four transcripts of one made-up recording, each as (start, end, text) segments in order: the
+    same words with some substituted, dropped, added and respelled, segmented differently, their
+    times a little off; pauses of 0.3-6 s between sentences."""
+    rng = random.Random(seed)
+    vocabulary = ["press", "one", "500", "5-0-0", "caller", "color", "voice", "mail", "box", "the", "to", "re-record"]
+    spoken, t = [], 0.0
+    for k in range(words):
+        spoken.append((rng.choice(vocabulary), t))
+        t += rng.uniform(0.2, 0.5) + (rng.uniform(0.3, 6.0) if k % 9 == 8 else 0.0)
+    out = []
+    for _ in range(4):
+        heard = []
+        for w, at in spoken:
+            r = rng.random()
+            if r < 0.05:
+                continue
+            heard.append((rng.choice(vocabulary) if r < 0.12 else w, at + rng.uniform(-0.5, 0.5)))
+            if r > 0.97:
+                heard.append((rng.choice(vocabulary), at + 0.1))
+        heard.sort(key=lambda p: p[1])
+        segments, i = [], 0
+        while i < len(heard):
+            n = rng.randint(1, 12)
+            piece = heard[i:i + n]
+            segments.append((round(piece[0][1], 2), round(piece[-1][1] + 0.3, 2), " " + " ".join(w for w, _ in piece)))
+            i += n
+        out.append(segments)
+    return out
+
+
+def fed(segments: list[list[tuple]], step: float, rng: random.Random):
+    """(hypothesis, its next segments, until) as decoders running at different paces give them: a
+    common clock, each hypothesis up to a few seconds behind it; then each complete."""
+    given, clock = [0] * len(segments), 0.0
+    end = max(b for s in segments for _, b, _ in s)
+    while clock < end:
+        clock += step
+        for h in rng.sample(range(len(segments)), len(segments)):
+            until = max(0.0, clock - rng.uniform(0.0, 3 * step))
+            k = given[h]
+            while given[h] < len(segments[h]) and segments[h][given[h]][0] < until:
+                given[h] += 1
+            yield h, segments[h][k:given[h]], until
+    for h in range(len(segments)):
+        yield h, segments[h][given[h]:], float("inf")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_vote_as_the_transcripts_arrive_gives_the_words_of_the_vote_at_the_end(seed):
+    """Whatever the pieces and their order, the words handed over as they become final are, in
+    order, those of the vote on the whole transcripts; most of them come before the end."""
+    hyps = simulated(seed)
+    whole = vote([words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in hyps])
+    stream, early, got = VoteStream(4), 0, []
+    given = [0] * 4
+    for h, segments, until in fed(hyps, step=random.Random(seed).uniform(0.5, 20.0), rng=random.Random(seed)):
+        words = words_of([t for _, _, t in segments], [(a, b) for a, b, _ in segments], first=given[h])
+        given[h] += len(segments)
+        new = stream.add(h, words, until)
+        early += len(new) if until != float("inf") else 0
+        got += new
+    assert got == whole
+    assert early > len(whole) // 2
+
+
+def segment(start: float, end: float, text: str) -> TranscriptSegment:
+    return TranscriptSegment(id=0, seek=0, start=start, end=end, text=text, tokens=[len(text)], avg_logprob=-0.1,
+                             compression_ratio=1.0, no_speech_prob=0.0, temperature=0.0, token_logprobs=[-0.1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_segments_handed_on_as_they_become_final_are_those_revise_gives(seed):
+    """`SegmentVote` hands each backbone segment on once, in order, rewritten as `revise` rewrites
+    it on the whole transcripts; segments come before the end."""
+    hyps = simulated(seed)
+    backbone = [segment(*s) for s in hyps[0]]
+    revise(backbone, hyps[1:], lambda text: [len(text)])
+    voter, out, before_end = SegmentVote(4, lambda text: [len(text)]), [], 0
+    for h, segments, until in fed(hyps, step=5.0, rng=random.Random(seed)):
+        final = voter.add(h, [segment(*s) for s in segments] if h == 0 else segments, until)
+        before_end += len(final) if until != float("inf") else 0
+        out += final
+    assert [(s.start, s.end, s.text, s.tokens) for s in out] == [(s.start, s.end, s.text, s.tokens) for s in backbone]
+    assert before_end > len(backbone) // 2

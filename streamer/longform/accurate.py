@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import string
 from typing import TYPE_CHECKING, Callable
 
@@ -32,7 +33,7 @@ from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
 from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, open_after,
                                       speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
-from streamer.longform.vote import revise
+from streamer.longform.vote import SegmentVote
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
 
@@ -138,8 +139,10 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
     the same time: the same seek without previous-text conditioning, and `fast` greedy and with
     `BEAM_SIZE` beams. Their majority decides each word of the conditioned transcript (`vote.py`):
     conditioned on its own output, Whisper keeps a spelling it chose once for whole paragraphs
-    ("5-0-0" for "500"), and which spelling depends on the prompt. Segments then come all at once
-    when the vote is done."""
+    ("5-0-0" for "500"), and which spelling depends on the prompt. The vote runs as the four
+    transcripts are decoded (`SegmentVote`): a segment goes to `on_segments` as soon as no later
+    window of any of them can change it (about a minute of audio behind the slowest), the same
+    segments that voting on the whole transcripts at the end gives."""
     tok = engine.tokenizer
     n = len(audio)
     speech = await asyncio.to_thread(find_speech, audio)
@@ -153,27 +156,53 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         options = dataclasses.replace(options, language=language)
         beams = options.beam_size if options.beam_size > 1 else BEAM_SIZE
         progress = None if on_progress is None else (lambda f: on_progress(min(f, 0.99)))
+        voter = SegmentVote(4, tok.encode)
+        given: list[list] = [[] for _ in range(4)]  # segments of each hypothesis not given to the vote yet
+        ends = [0.0] * 4
+
+        def segments_of(h: int) -> Callable[[list[TranscriptSegment]], None]:
+            def take(segments: list[TranscriptSegment]) -> None:
+                if h == 0:
+                    given[0] += segments
+                    return
+                for s in segments:  # times as `join` makes them (`fast` joins its windows so)
+                    start = max(s.start, ends[h]) if h >= 2 else s.start
+                    ends[h] = max(s.end, start) if h >= 2 else s.end
+                    given[h].append((start, ends[h], s.text))
+            return take
+
+        def settled(h: int) -> Callable[[float], None]:
+            def settle(until: float) -> None:
+                pieces, given[h] = given[h], []
+                final = [s for s in voter.add(h, pieces, until) if s.text.strip()]
+                if on_segments is not None and final:
+                    on_segments(final)
+            return settle
+
+        async def hypothesis(h: int, decode):
+            result = await decode
+            settled(h)(math.inf)
+            return result
+
         # Two chains of one window each and two fast runs of at most 31 windows each: the
         # recording stays within MAX_IN_FLIGHT windows in the engine.
         in_flight = MAX_IN_FLIGHT // 2 - 1
-        tasks = [asyncio.ensure_future(c) for c in (
-            _sequential(engine, audio, speech, options, language, on_progress=progress),
-            _sequential(engine, audio, speech, options, language, condition=False),
-            transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=1), speech=speech, max_in_flight=in_flight),
+        tasks = [asyncio.ensure_future(hypothesis(h, c)) for h, c in enumerate((
+            _sequential(engine, audio, speech, options, language, on_progress=progress,
+                        on_segments=segments_of(0), on_settled=settled(0)),
+            _sequential(engine, audio, speech, options, language, condition=False,
+                        on_segments=segments_of(1), on_settled=settled(1)),
+            transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=1), speech=speech, max_in_flight=in_flight,
+                            on_segments=segments_of(2), on_settled=settled(2)),
             transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=beams), speech=speech,
-                            max_in_flight=in_flight))]
+                            max_in_flight=in_flight, on_segments=segments_of(3), on_settled=settled(3))))]
         try:
-            (windows, language), (unconditioned, _), greedy, beamed = await asyncio.gather(*tasks)
+            (windows, language), *_ = await asyncio.gather(*tasks)
         finally:  # one failed (QueueFull, EngineClosed) or the caller went away: stop the others
             for task in tasks:
                 task.cancel()
-        others = [[(s.start, s.end, s.text) for s in segments] for segments in
-                  ([s for w in unconditioned for s in w.segments], greedy.segments, beamed.segments)]
-        revise([s for w in windows for s in w.segments], others, tok.encode)
         for window in windows:
             window.segments = [s for s in window.segments if s.text.strip()]
-            if on_segments is not None and window.segments:
-                on_segments(window.segments)
         if on_progress is not None:
             on_progress(1.0)
     if word_timestamps:
@@ -184,10 +213,11 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
 async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int, int]], options: DecodeOptions,
                       language: str | None, *, condition: bool = True,
                       on_progress: Callable[[float], None] | None = None,
-                      on_segments: Callable[[list[TranscriptSegment]], None] | None = None
-                      ) -> tuple[list[Window], str | None]:
+                      on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
+                      on_settled: Callable[[float], None] | None = None) -> tuple[list[Window], str | None]:
     """The windows of the sequential seek and the language; without `condition`, no window is
-    prompted with the text before it (the caller's prompt still opens every window)."""
+    prompted with the text before it (the caller's prompt still opens every window).
+    `on_settled(t)`: every segment that starts before `t` seconds has gone to `on_segments`."""
     tok = engine.tokenizer
     n = len(audio)
     # Tokens kept since the last reset, timestamps included, fed back verbatim as openai/whisper
@@ -250,6 +280,8 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
         windows.append(window)
         if on_segments is not None and window.segments:
             on_segments(window.segments)
+        if on_settled is not None:  # the next window starts at `seek` or later
+            on_settled(seek / SAMPLE_RATE)
         if on_progress is not None:
             on_progress(min(1.0, seek / n))
 

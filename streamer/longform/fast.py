@@ -59,9 +59,11 @@ def plan_windows(speech: list[tuple[int, int]], n_samples: int) -> list[tuple[in
 async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, word_timestamps: bool = False,
                           on_progress: Callable[[float], None] | None = None,
                           on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
-                          max_in_flight: int = MAX_IN_FLIGHT, speech: list[tuple[int, int]] | None = None) -> Transcript:
+                          max_in_flight: int = MAX_IN_FLIGHT, speech: list[tuple[int, int]] | None = None,
+                          on_settled: Callable[[float], None] | None = None) -> Transcript:
     """Transcribe `audio` (16 kHz float32) in parallel windows; see the module's docstring.
-    `speech`: the recording's VAD stretches when the caller has them already."""
+    `speech`: the recording's VAD stretches when the caller has them already. `on_settled(t)`:
+    every segment that starts before `t` seconds has gone to `on_segments`."""
     if speech is None:
         speech = await asyncio.to_thread(find_speech, audio)
     windows = [Window(start=s, length=e - s) for s, e in plan_windows(speech, len(audio))]
@@ -104,6 +106,8 @@ async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOpti
                 if on_segments is not None and order[next_emit].segments:
                     on_segments(order[next_emit].segments)
                 next_emit += 1
+            if on_settled is not None:
+                on_settled(order[next_emit].start / SAMPLE_RATE if next_emit < len(order) else len(audio) / SAMPLE_RATE)
             reported = max(reported, len(results) / len(order))
             if on_progress is not None:
                 on_progress(reported)

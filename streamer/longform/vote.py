@@ -8,7 +8,7 @@ the odd one out is overruled.
 
 The hypotheses' words are aligned into one network of slots (the first hypothesis, the backbone,
 first; each further one aligned to the network by edit distance on a normalised form of the words,
-within 30 s of each other); each run of slots where they disagree takes the phrase most hypotheses
+within `BAND_S` of each other); each run of slots where they disagree takes the phrase most hypotheses
 say there, or slot by slot the form most have (a missing word is a candidate too), ties going to
 the backbone. Pure and deterministic: the same hypotheses give the same words. `revise` applies
 the outcome to the backbone's segments.
@@ -32,9 +32,12 @@ _JOINED = re.compile(r"(?<=[^\W\d_]{2})-(?=[^\W\d_]{2})")
 way, while "5-0-0" and "I-A-X" spell out what "500" and "IAX" say as one word."""
 
 
-BAND_S = 30.0
-"""Words of two hypotheses are aligned only when their times lie within this many seconds (a
-window's length): the alignment then grows with the recording's length, not with its square."""
+BAND_S = 10.0
+"""Words of two hypotheses are aligned only when their times lie within this many seconds: the
+alignment then grows with the recording's length, not with its square, and the vote can hand a
+word over about four bands after every hypothesis has passed it (`VoteStream`). 30 s (a window)
+until session 15; 10 s gives the same words on all 13 recordings of docs/notes/accuracy15.md, 5 s
+changes two of them."""
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,14 @@ class VoteWord:
         return _JOINED.sub("", self.text.strip(_STRIP).lower())
 
 
-def words_of(texts: list[str], spans: list[tuple[float, float]] | None = None) -> list[VoteWord]:
+def words_of(texts: list[str], spans: list[tuple[float, float]] | None = None, first: int = 0) -> list[VoteWord]:
     """The words of a hypothesis given as its segments' texts (and their (start, end) seconds), in
-    order, split at white space."""
+    order, split at white space; the segments are numbered from `first`."""
     out = []
     for i, text in enumerate(texts):
         words = [w for w in text.split() if w.strip(_STRIP)]
         start, end = spans[i] if spans else (0.0, 0.0)
-        out += [VoteWord(w, i, start + (end - start) * (k + 0.5) / len(words)) for k, w in enumerate(words)]
+        out += [VoteWord(w, first + i, start + (end - start) * (k + 0.5) / len(words)) for k, w in enumerate(words)]
     return out
 
 
@@ -69,74 +72,166 @@ Slot = list["VoteWord | None"]
 """One position of the network: an entry per hypothesis aligned so far (None: no word there)."""
 
 
-def _align(network: list[Slot], words: list[VoteWord], width: int) -> list[Slot]:
-    """`network` (`width` entries a slot) with `words` aligned to it as one more entry per slot:
-    the alignment of least edit cost, where a word matches a slot for free when some hypothesis
-    has the same form there, and a hypothesis without a word at a slot costs nothing where another
-    also has none there. Only words within `BAND_S` of a slot's time are considered for it."""
-    n, m = len(network), len(words)
-    keys = [{w.key for w in slot if w is not None} for slot in network]
-    gap = [0 if any(w is None for w in slot) else 1 for slot in network]
-    wkeys = [w.key for w in words]
-    times, t = [], float("-inf")
-    for w in words:
-        t = max(t, w.time)
-        times.append(t)
-    # Row i (i slots aligned) holds j (words aligned) in [lo[i], hi[i]]: the words said more than
-    # BAND_S before slot i - 1 are behind it, those more than BAND_S after it still ahead. Every
-    # row overlaps the one before; the last row reaches every word, those past its band only as
-    # words in new slots, so the last cell is always reachable.
-    lo, hi, band, t = [0] * (n + 1), [m] * (n + 1), [m] * (n + 1), float("-inf")
-    for i, slot in enumerate(network, start=1):
-        t = max(t, next(w.time for w in slot if w is not None))
-        band[i] = bisect.bisect_right(times, t + BAND_S)
-        hi[i] = m if i == n else band[i]
-        lo[i] = min(bisect.bisect_left(times, t - BAND_S), hi[i - 1])
-        if i == 1:
-            hi[0] = band[1]
-    inf = n + m + 1
-    # cost[i][j - lo[i]]: aligning the first i slots with the first j words; moves: 0 diagonal,
-    # 1 slot without a word, 2 word in a new slot. Ties prefer the diagonal, then a skipped slot.
-    cost = [list(range(hi[0] + 1))]
-    move = [bytearray([1] + [2] * hi[0])]
-    for i in range(1, n + 1):
-        prev, plo, phi = cost[i - 1], lo[i - 1], hi[i - 1]
-        k, g, l0 = keys[i - 1], gap[i - 1], lo[i]
-        row, mrow = [0] * (hi[i] - l0 + 1), bytearray(hi[i] - l0 + 1)
-        for j in range(l0, hi[i] + 1):
+class _Stage:
+    """One step of the alignment, built as its inputs arrive: the slots of the network so far
+    (`width` entries each) and the words of one more hypothesis, aligned by the least edit cost,
+    where a word matches a slot for free when some hypothesis has the same form there, and a
+    hypothesis without a word at a slot costs nothing where another also has none there. Only
+    words within `BAND_S` of a slot's time are considered for it.
+
+    The table is filled row by row (a row per slot) as soon as a row can no longer change: its
+    slot and the next are known and so is every word said up to `BAND_S` after it (`until`). Then,
+    as in an online Viterbi decoder, the path back from every cell of the last row is traced: where
+    all of them have met, the final path will pass too (a later row reaches this one only through
+    its cells), so the slots behind that cell are handed over (`advance`), exactly those the whole
+    table gives at the end."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.slots: list[Slot] = []
+        self.slots_closed = False
+        self.words: list[VoteWord] = []
+        self.keys: list[str] = []
+        self.times: list[float] = []
+        """Of `words`: the latest time so far, so that the band's bounds are found by bisection."""
+        self.until = float("-inf")
+        """Every word said before this time has arrived (inf: every word)."""
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.band: list[int] = []
+        # cost[i][j - lo[i]]: aligning the first i slots with the first j words; moves: 0 diagonal,
+        # 1 slot without a word, 2 word in a new slot. Ties prefer the diagonal, then a skipped slot.
+        self.cost: list[list[int]] = []
+        self.move: list[bytearray] = []
+        self.slot_time = float("-inf")
+        self.done = (0, 0)
+        """The cell of the final path up to which the slots have been handed over."""
+        self.finished = False
+
+    def add_words(self, words: list[VoteWord], until: float) -> None:
+        t = self.times[-1] if self.times else float("-inf")
+        for w in words:
+            t = max(t, w.time)
+            self.times.append(t)
+        self.words += words
+        self.keys += [w.key for w in words]
+        self.until = until
+
+    def advance(self) -> list[Slot]:
+        """The slots that have become final since the last call, in order."""
+        if self.finished:
+            return []
+        grew = False
+        while self._add_row():
+            grew = True
+        n = len(self.slots)
+        if self.slots_closed and len(self.cost) == n + 1:  # the whole table: the path from its last cell
+            self.finished = True
+            return self._handover((n, len(self.words)))
+        if not grew or len(self.cost) < 2:
+            return []
+        return self._handover(self._meeting())
+
+    def _add_row(self) -> bool:
+        i, n, m = len(self.cost), len(self.slots), len(self.words)
+        complete = self.until == float("inf")
+        if i == 0:  # row 0 spans the words of slot 1's band (all of them without slots)
+            if n == 0:
+                if not (self.slots_closed and complete):
+                    return False
+                hi0 = m
+            else:
+                t = next(w.time for w in self.slots[0] if w is not None)
+                if not (complete or self.until > t + BAND_S):
+                    return False
+                hi0 = bisect.bisect_right(self.times, t + BAND_S)
+            self.lo.append(0)
+            self.hi.append(hi0)
+            self.band.append(m)
+            self.cost.append(list(range(hi0 + 1)))
+            self.move.append(bytearray([1] + [2] * hi0))
+            return True
+        if i > n:
+            return False
+        last = i == n
+        if last and not (self.slots_closed and complete):
+            return False  # the last row spans every word: wait for them all
+        slot = self.slots[i - 1]
+        t = max(self.slot_time, next(w.time for w in slot if w is not None))
+        if not (complete or self.until > t + BAND_S):
+            return False
+        self.slot_time = t
+        band = bisect.bisect_right(self.times, t + BAND_S)
+        hi = m if last else band
+        lo = min(bisect.bisect_left(self.times, t - BAND_S), self.hi[i - 1])
+        keys = {w.key for w in slot if w is not None}
+        gap = 0 if any(w is None for w in slot) else 1
+        prev, plo, phi, wkeys = self.cost[i - 1], self.lo[i - 1], self.hi[i - 1], self.keys
+        inf = n + m + 1
+        row, mrow = [0] * (hi - lo + 1), bytearray(hi - lo + 1)
+        for j in range(lo, hi + 1):
             best, how = inf, 0
-            if 0 < j <= band[i] and plo <= j - 1 <= phi:
-                best = prev[j - 1 - plo] + (0 if wkeys[j - 1] in k else 1)
-            if plo <= j <= min(phi, band[i]) and prev[j - plo] + g < best:
-                best, how = prev[j - plo] + g, 1
-            if j > l0 and row[j - 1 - l0] + 1 < best:
-                best, how = row[j - 1 - l0] + 1, 2
-            row[j - l0], mrow[j - l0] = best, how
-        cost.append(row)
-        move.append(mrow)
-    out: list[Slot] = []
-    i, j = n, m
-    while i or j:
-        how = move[i][j - lo[i]] if i else 2
-        if how == 0:
-            out.append(network[i - 1] + [words[j - 1]])
-            i, j = i - 1, j - 1
-        elif how == 1:
-            out.append(network[i - 1] + [None])
-            i -= 1
-        else:
-            out.append([None] * width + [words[j - 1]])
-            j -= 1
-    out.reverse()
-    return out
+            if 0 < j <= band and plo <= j - 1 <= phi:
+                best = prev[j - 1 - plo] + (0 if wkeys[j - 1] in keys else 1)
+            if plo <= j <= min(phi, band) and prev[j - plo] + gap < best:
+                best, how = prev[j - plo] + gap, 1
+            if j > lo and row[j - 1 - lo] + 1 < best:
+                best, how = row[j - 1 - lo] + 1, 2
+            row[j - lo], mrow[j - lo] = best, how
+        self.lo.append(lo)
+        self.hi.append(hi)
+        self.band.append(band)
+        self.cost.append(row)
+        self.move.append(mrow)
+        return True
 
+    def _back(self, cell: tuple[int, int]) -> tuple[int, int]:
+        i, j = cell
+        how = self.move[i][j - self.lo[i]] if i else 2
+        return (i - 1, j - 1) if how == 0 else (i - 1, j) if how == 1 else (i, j - 1)
 
-def align(hypotheses: list[list[VoteWord]]) -> list[Slot]:
-    """The hypotheses' words aligned into slots, one entry per hypothesis in each, in order."""
-    network: list[Slot] = [[w] for w in hypotheses[0]]
-    for width, words in enumerate(hypotheses[1:], start=1):
-        network = _align(network, words, width)
-    return network
+    def _meeting(self) -> tuple[int, int]:
+        """The latest cell that the paths back from every cell of the last row all pass."""
+        r = len(self.cost) - 1
+        path, joins = [], {}  # the first start's path to `done`; the index where each cell meets it
+        cell = (r, self.lo[r])
+        while cell != self.done:
+            if cell[0] < self.done[0] or cell[1] < self.done[1]:
+                raise AssertionError(f"a path passed {self.done} by")
+            joins[cell] = len(path)
+            path.append(cell)
+            cell = self._back(cell)
+        joins[self.done] = len(path)
+        path.append(self.done)
+        meet = 0
+        for j in range(self.lo[r] + 1, self.hi[r] + 1):
+            walked, cell = [], (r, j)
+            while cell not in joins:
+                if cell[0] < self.done[0] or cell[1] < self.done[1]:
+                    raise AssertionError(f"a path passed {self.done} by")
+                walked.append(cell)
+                cell = self._back(cell)
+            k = joins[cell]
+            for c in walked:
+                joins[c] = k
+            meet = max(meet, k)
+        return path[meet]
+
+    def _handover(self, cell: tuple[int, int]) -> list[Slot]:
+        """The slots of the path from `cell` back to `done`, in order; `cell` is the new `done`."""
+        out: list[Slot] = []
+        stop, self.done = self.done, cell
+        while cell != stop:
+            i, j = cell
+            back = self._back(cell)
+            if back == (i - 1, j - 1):
+                out.append(self.slots[i - 1] + [self.words[j - 1]])
+            elif back == (i - 1, j):
+                out.append(self.slots[i - 1] + [None])
+            else:
+                out.append([None] * self.width + [self.words[j - 1]])
+            cell = back
+        return out[::-1]
 
 
 def _winner(keys: list, weights: list[float]):
@@ -159,6 +254,110 @@ class Voted:
     segment: int
 
 
+class VoteStream:
+    """The vote over `hypotheses` transcripts given piece by piece as they are decoded (`add`),
+    handing over each word as soon as no later piece can change it: the words that `vote` gives on
+    the whole transcripts, in the same order, whatever the pieces. Pure: no I/O, no clock.
+
+    The first hypothesis (the backbone) becomes the network's first slots; each further hypothesis
+    is aligned to the slots handed over by the one before (`_Stage`); a run of slots where the
+    hypotheses disagree is decided once a slot where they all agree (or the end) closes it."""
+
+    def __init__(self, hypotheses: int, weights: list[float] | None = None, phrases: bool = True):
+        self.weights = weights or [1.0] * hypotheses
+        self.phrases = phrases
+        self.stages = [_Stage(width) for width in range(1, hypotheses)]
+        self.first_segment: int | None = None
+        """The backbone segment of its first word: that of words before it."""
+        self.slots: list[Slot] = []
+        """The final slots, in order, an entry per hypothesis in each."""
+        self.closed = False
+        self.segment: list[int] = []
+        """The backbone segment of each final slot: its own word's, else the one before (after, at
+        the start)."""
+        self.decided = 0
+        """The final slots decided so far."""
+
+    def add(self, h: int, words: list[VoteWord], until: float = float("inf")) -> list[Voted]:
+        """Hypothesis `h`'s next `words`, in order; every word it says before `until` (seconds) is
+        now given (inf: its transcript is complete). Returns the newly decided words, in order."""
+        if h == 0:
+            if self.first_segment is None and words:
+                self.first_segment = words[0].segment
+            slots = [[w] for w in words]
+            if self.stages:
+                self.stages[0].slots += slots
+                self.stages[0].slots_closed = until == float("inf")
+            else:
+                self._receive(slots, until == float("inf"))
+        else:
+            self.stages[h - 1].add_words(words, until)
+        for k, stage in enumerate(self.stages):
+            slots = stage.advance()
+            if k + 1 < len(self.stages):
+                self.stages[k + 1].slots += slots
+                self.stages[k + 1].slots_closed = stage.finished
+            else:
+                self._receive(slots, stage.finished)
+        return self._decide()
+
+    @property
+    def decided_segment(self) -> int | None:
+        """The backbone segment of the last decided slot: later words go to it or after it."""
+        return self.segment[self.decided - 1] if self.decided else None
+
+    def _receive(self, slots: list[Slot], closed: bool) -> None:
+        for slot in slots:
+            if slot[0] is not None:
+                last = slot[0].segment
+            else:
+                last = self.segment[-1] if self.segment else self.first_segment or 0
+            self.segment.append(last)
+        self.slots += slots
+        self.closed = closed
+
+    def _decide(self) -> list[Voted]:
+        slots, out = self.slots, []
+
+        def take(h: int, k: int) -> None:
+            out.append(Voted(slots[k][h], h, self.segment[k]))
+
+        i = self.decided
+        while i < len(slots):
+            j = i
+            while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
+                j += 1
+            if j == i:  # every hypothesis has this word
+                take(0, i)
+                i += 1
+                continue
+            if j == len(slots) and not self.closed:
+                break  # the run may go on
+            said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(len(self.weights))]
+            if self.phrases and len(set(said)) < len(said):
+                h = said.index(_winner(said, self.weights))
+                for k in range(i, j):
+                    if slots[k][h] is not None:
+                        take(h, k)
+            else:
+                for k in range(i, j):
+                    keys = [None if w is None else w.key for w in slots[k]]
+                    key = _winner(keys, self.weights)
+                    if key is not None:
+                        take(keys.index(key), k)
+            i = j
+        self.decided = i
+        return out
+
+
+def align(hypotheses: list[list[VoteWord]]) -> list[Slot]:
+    """The hypotheses' words aligned into slots, one entry per hypothesis in each, in order."""
+    stream = VoteStream(len(hypotheses))
+    for h, words in enumerate(hypotheses):
+        stream.add(h, words)
+    return stream.slots
+
+
 def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, phrases: bool = True) -> list[Voted]:
     """The majority words, in order. Per slot the form (or the absence of a word) with the most
     weight (`weights`, one per hypothesis, 1 each by default) wins, written as the first
@@ -171,41 +370,52 @@ def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, p
     (ties to the backbone's) is taken as its hypothesis wrote it; when every phrase differs, the run
     is voted on word by word. A phrase that differs from the backbone's by spacing only keeps the
     backbone's words."""
-    weights = weights or [1.0] * len(hypotheses)
-    slots = align(hypotheses)
-    # The backbone segment of each slot: its own word's, else the one before (after, at the start).
-    segment, last = [], next((w.segment for w in hypotheses[0]), 0)
-    for slot in slots:
-        last = slot[0].segment if slot[0] is not None else last
-        segment.append(last)
-    out: list[Voted] = []
+    stream = VoteStream(len(hypotheses), weights, phrases)
+    return [v for h, words in enumerate(hypotheses) for v in stream.add(h, words)]
 
-    def take(h: int, k: int) -> None:
-        out.append(Voted(slots[k][h], h, segment[k]))
 
-    i = 0
-    while i < len(slots):
-        j = i
-        while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
-            j += 1
-        if j == i:  # every hypothesis has this word
-            take(0, i)
-            i += 1
-            continue
-        said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(len(weights))]
-        if phrases and len(set(said)) < len(said):
-            h = said.index(_winner(said, weights))
-            for k in range(i, j):
-                if slots[k][h] is not None:
-                    take(h, k)
-        else:
-            for k in range(i, j):
-                keys = [None if w is None else w.key for w in slots[k]]
-                key = _winner(keys, weights)
-                if key is not None:
-                    take(keys.index(key), k)
-        i = j
-    return out
+class SegmentVote:
+    """`revise` piece by piece: the backbone's segments (h = 0) and the other hypotheses' (h > 0;
+    (start s, end s, text)) are given as they are decoded, and each backbone segment is handed back,
+    rewritten, once no later piece can change it. Pure: the segments handed back, in order, are
+    those `revise` gives on the whole transcripts."""
+
+    def __init__(self, hypotheses: int, encode: Callable[[str], list[int]]):
+        self.stream = VoteStream(hypotheses)
+        self.encode = encode
+        self.given = [0] * hypotheses
+        """Segments given per hypothesis: the index of the next one."""
+        self.complete = [False] * hypotheses
+        self.segments: list[TranscriptSegment] = []
+        self.words: dict[int, list[str]] = {}
+        """Voted words of backbone segments not handed back yet."""
+        self.returned = 0
+
+    def add(self, h: int, segments: list, until: float = float("inf")) -> list[TranscriptSegment]:
+        """Hypothesis `h`'s next `segments`, in order; every segment it has that starts before
+        `until` (seconds) is now given (inf: all). Returns the backbone segments now final, in
+        order, rewritten in place (one that lost every word has an empty text, for the caller to
+        drop)."""
+        spans = [(s.start, s.end, s.text) for s in segments] if h == 0 else list(segments)
+        words = words_of([t for _, _, t in spans], [(a, b) for a, b, _ in spans], first=self.given[h])
+        self.given[h] += len(spans)
+        self.complete[h] = until == float("inf")
+        if h == 0:
+            self.segments += segments
+        for v in self.stream.add(h, words, until):
+            self.words.setdefault(v.segment, []).append(v.word.text)
+        decided = self.stream.decided_segment
+        final = len(self.segments) if all(self.complete) else decided if decided is not None else 0
+        out = []
+        for k in range(self.returned, final):
+            seg, new = self.segments[k], self.words.pop(k, [])
+            if new != [w.text for w in words_of([seg.text])]:
+                seg.text = " " + " ".join(new) if new else ""
+                seg.tokens = self.encode(seg.text) if new else []
+                seg.token_logprobs = []
+            out.append(seg)
+        self.returned = max(self.returned, final)
+        return out
 
 
 def revise(segments: list[TranscriptSegment], others: list[list[tuple[float, float, str]]],
@@ -214,13 +424,7 @@ def revise(segments: list[TranscriptSegment], others: list[list[tuple[float, flo
     `others` (each another hypothesis's segments as (start s, end s, text), in order). A segment
     whose words changed gets the new text and its tokens (`encode`; no token log-probabilities any
     more); one that lost every word gets an empty text, for the caller to drop. Times stay."""
-    hypotheses = [words_of([s.text for s in segments], [(s.start, s.end) for s in segments]),
-                  *(words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in others)]
-    words: list[list[str]] = [[] for _ in segments]
-    for v in vote(hypotheses):
-        words[v.segment].append(v.word.text)
-    for seg, new in zip(segments, words):
-        if new != [w.text for w in words_of([seg.text])]:
-            seg.text = " " + " ".join(new) if new else ""
-            seg.tokens = encode(seg.text) if new else []
-            seg.token_logprobs = []
+    voter = SegmentVote(1 + len(others), encode)
+    voter.add(0, segments)
+    for h, spans in enumerate(others, start=1):
+        voter.add(h, spans)

@@ -177,7 +177,8 @@ async def _transcribe(request: Request, task: str) -> Response:
 
 
 async def _events(engine, audio, run: dict, state, started: float, keepalive_s: float):
-    """Server-sent events: `transcript.text.delta` per decoded window (in order), then
+    """Server-sent events: `transcript.text.delta` per batch of final segments (a decoded window;
+    with `accurate`'s vote, what it has made final), in order, then
     `transcript.text.done`; an error after the response began comes as an `error` event; a comment
     line after `keepalive_s` without an event."""
     queue: asyncio.Queue = asyncio.Queue()

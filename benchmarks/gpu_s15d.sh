@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 15's fourth call: the guard flagged tiny.en mixed_fp8 @128 wall 0.202 s against session 13's
+# 0.133 (steps equal: 0.691 against 0.703 ms). Same-call A/B, alternating, this tree against session
+# 13's (efd5ef6), tiny.en real weights only:
+#   run(command="bash benchmarks/gpu_s15d.sh", carry=[".carry/tiny_b", ".carry/s13tree"], timeout_s=300)
+set -uo pipefail
+START=$SECONDS
+source benchmarks/gpu_assemble.sh || exit 2
+for i in 1 2; do
+  for tree in new old; do
+    if [ $tree = new ]; then dir=$PWD; else dir=$PWD/.carry/s13tree; fi
+    (cd $dir/benchmarks && PYTHONPATH=$dir:$T/site BENCH_RESULTS_DIR=$OUT timeout 60 python3 bench_engine.py \
+      --tokenizer $INPUTS/tokenizer_multilingual.json --audio $INPUTS/clips.npz --real tiny.en=$TINY --shapes "" \
+      --batches 32,128 --hf-batches "" --precisions full_fp16,mixed_fp8 --out engine_tiny_${tree}_$i.json) 2>&1 \
+      | grep -E "^ours " | sed "s/^/$tree$i /"
+    echo "== $tree $i $((SECONDS - START)) s"
+  done
+done

@@ -20,13 +20,14 @@ Bytes per head and position, K and V: 64 codes + 2 (K scales over 128 positions)
 against 128 + 0.06 for FP8 (0.53x). WER with tiny.en and base, the cache quantised this way
 (CPU, `fast` long-form on five English and two messy es/fr recordings; H200, 41 clips): as FP8's.
 
-Status: an A/B (`PRECISION=mixed_fp8:cross_kv_cache=int4`), in no preset. The decode kernel below is
-bound by instructions, not bytes: 0.54-0.71x the FP8 tile kernel's speed at B >= 32 on the H200
+Status: the cache of the mixed_fp8 preset since session 15, read by the v2 kernel. The v1 kernel below
+is bound by instructions, not bytes: 0.54-0.71x the FP8 tile kernel's speed at B >= 32 on the H200
 (docs/benchmarks.md, session 13). A position costs ~1,000 thread-instructions here against FP8's 736,
 and both issue ~21 T/s; to pay, under ~350 (packed fp16x2 unpacking into tensor-core products).
 Issue 15's v2 kernel (below: `decode_attention_int4_v2_triton`, STREAMER_INT4_ATTN_KERNEL=v2) does the
 arithmetic on fp16x2 pairs in the codes' own bits: 304 thread-instructions a position in its loop
-compiled for sm_90 here (+20 for its per-tile prologue), 335 (+14) with K centred per value, against
+compiled for sm_90 here (+20 for its per-tile prologue; on the H200 1.18 / 1.31 / 1.48x FP8 v7's speed at
+B = 32 / 128 / 256, 1.00x at 8), 335 (+14) with K centred per value, against
 v1's 948 and FP8 v7's 736 counted the same way (benchmarks/int4_sass.py; docs/notes/int4_15.md).
 Not yet timed on a GPU (benchmarks/gpu_int4_15.sh).
 
@@ -463,10 +464,12 @@ def _decode_int4_kernel(
 # USE_ASM=False runs the same data flow with plain Triton ops (the interpreter cannot run inline asm).
 
 # One warp a program (the loop's layout: 16 positions x E elements a group); cp.async stages of the loop.
-V2_WARPS, V2_STAGES = 1, int(os.environ.get("STREAMER_INT4_V2_STAGES", "3"))
+# 2 stages: 174 us at B = 256 against 180 at 3 and 201 at 4 on the H200 (session 15 sweep).
+V2_WARPS, V2_STAGES = 1, int(os.environ.get("STREAMER_INT4_V2_STAGES", "2"))
 V2_WAVES = 8  # split T until B x H x splits reaches 8 one-warp programs per SM
-# Which decode kernel decode_attention_int4_triton runs: "v1" (the session-13 kernel above) or "v2".
-DECODE_KERNEL = os.environ.get("STREAMER_INT4_ATTN_KERNEL", "v1")
+# Which decode kernel decode_attention_int4_triton runs: "v2" (default: 1.18-1.48x FP8 v7's speed at
+# B >= 32 on the H200, session 15) or "v1" (the session-13 kernel above, 0.54-0.71x; A/B only).
+DECODE_KERNEL = os.environ.get("STREAMER_INT4_ATTN_KERNEL", "v2")
 if DECODE_KERNEL not in ("v1", "v2"):
     raise ValueError(f"STREAMER_INT4_ATTN_KERNEL must be v1 or v2, got {DECODE_KERNEL!r}")
 # K's codes centred per value (1024-based fp16 and one HSUB2 a pair: fp16 sums of q x (n - 8), ~4x less

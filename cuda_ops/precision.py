@@ -69,8 +69,9 @@ class PrecisionConfig:
     every decode step: the largest decoder read). "fp8" (e4m3, a scale per 128-position tile of a
     head) halves it and doubles the number of decoder slots that fit; "int4" (cuda_ops/cross_int4.py:
     K scaled per channel and tile, V per position) holds 0.53x of FP8's bytes with the same WER on
-    tiny.en and base, but its attention kernel is instruction-bound: 0.54-0.71x FP8's speed at B >= 32
-    on the H200 (docs/benchmarks.md, session 13), so no preset uses it (an A/B until a packed-math kernel)."""
+    tiny.en and base; its packed-math decode kernel (v2) runs 1.18-1.48x FP8's at B >= 32 on the H200,
+    and 256 large-v3 windows reach rtf 3,514 against 3,238 (docs/benchmarks.md, session 15): mixed_fp8
+    uses it."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
@@ -110,8 +111,9 @@ def full_fp16() -> PrecisionConfig:
 
 
 def mixed_fp8() -> PrecisionConfig:
-    """FP8 where a fused kernel produces the input and the error does not compound."""
-    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", cross_kv_cache="fp8")
+    """FP8 where a fused kernel produces the input and the error does not compound; the cross-attention
+    cache in 4 bits (0.53x FP8's bytes; WER as FP8's, docs/benchmarks.md sessions 13 and 15)."""
+    return PrecisionConfig(encoder_qkv="fp8", encoder_ffn="fp8", cross_kv_cache="int4")
 
 
 def aggressive_fp8() -> PrecisionConfig:

@@ -239,7 +239,7 @@ def test_presets():
     full = precision.full_fp16()
     assert full == precision.PrecisionConfig() and "fp8" not in vars(full).values()
     mixed = precision.get_preset("mixed_fp8")
-    assert (mixed.encoder_qkv, mixed.encoder_ffn, mixed.cross_kv_cache) == ("fp8",) * 3
+    assert (mixed.encoder_qkv, mixed.encoder_ffn, mixed.cross_kv_cache) == ("fp8", "fp8", "int4")
     assert (mixed.encoder_out_proj, mixed.decoder_self_qkv, mixed.decoder_cross_q, mixed.decoder_ffn) == ("fp16",) * 4
     assert not mixed.cross_kv_epilogue  # cuBLAS + the quantise pass
     aggressive = precision.aggressive_fp8()

@@ -110,8 +110,16 @@ def _check_attention(q, kc, vc, ks, vs, slot_ids=None, **launch):
     assert err <= tol, (err, tol, launch)
 
 
+@pytest.fixture
+def v1(monkeypatch):
+    """`decode_attention_int4_triton` through the v1 kernel (the default is v2, tested below)."""
+    import cuda_ops.cross_int4 as C
+
+    monkeypatch.setattr(C, "DECODE_KERNEL", "v1")
+
+
 @pytest.mark.parametrize("shape", SHAPES)
-def test_decode_attention_matches_the_reference(shape):
+def test_decode_attention_matches_the_reference(shape, v1):
     B, T, H, Dh = shape
     y = make_projection(B, T, H, Dh)
     kc, vc, ks, vs = empty_cache(B, T, H, Dh)
@@ -123,7 +131,7 @@ def test_decode_attention_matches_the_reference(shape):
     _check_attention(q, kc, vc, ks, vs, num_splits=1, stages=1)
 
 
-def test_decode_attention_reads_the_slots_given():
+def test_decode_attention_reads_the_slots_given(v1):
     B, T, H, Dh = 3, 300, 2, 64
     y = make_projection(B, T, H, Dh)
     kc, vc, ks, vs = empty_cache(B, T, H, Dh)

@@ -28,8 +28,8 @@ Issue 15's v2 kernel (below: `decode_attention_int4_v2_triton`, STREAMER_INT4_AT
 arithmetic on fp16x2 pairs in the codes' own bits: 304 thread-instructions a position in its loop
 compiled for sm_90 here (+20 for its per-tile prologue; on the H200 1.18 / 1.31 / 1.48x FP8 v7's speed at
 B = 32 / 128 / 256, 1.00x at 8), 335 (+14) with K centred per value, against
-v1's 948 and FP8 v7's 736 counted the same way (benchmarks/int4_sass.py; docs/notes/int4_15.md).
-Not yet timed on a GPU (benchmarks/gpu_int4_15.sh).
+v1's 948 and FP8 v7's 736 counted the same way (benchmarks/int4_sass.py; docs/notes/int4_15.md;
+timings: docs/benchmarks.md, session 15).
 
 Each kernel has a pure-PyTorch reference; the dispatchers use the kernels on CUDA and the references
 elsewhere. Under TRITON_INTERPRET=1 the `*_triton` launchers run on the CPU (the tests).

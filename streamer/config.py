@@ -197,8 +197,8 @@ class ServerConfig:
     """An upload whose body stalls this long is refused (408) and its temporary file removed."""
     sse_keepalive_s: float = 15.0
     """A streamed file response (`stream=true`) with no event for this long gets an SSE comment
-    line, which clients ignore: `accurate` sends its text only once its vote is done, and proxies
-    close responses that stay silent (often after 60 s)."""
+    line, which clients ignore: `accurate`'s first voted text can come a minute of audio or more
+    into the recording, and proxies close responses that stay silent (often after 60 s)."""
     ssl_certfile: str | None = None
     """PEM certificate (chain): serve HTTPS and WSS (the SDKs' realtime clients use TLS)."""
     ssl_keyfile: str | None = None

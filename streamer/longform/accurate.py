@@ -32,7 +32,7 @@ from streamer.longform.decode import decode_window, detect_language
 from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
 from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, open_after,
                                       speech_seconds)
-from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
+from streamer.longform.transcript import Transcript, TranscriptSegment, Window, after, join, make_segments
 from streamer.longform.vote import SegmentVote
 from streamer.longform.words import add_word_timestamps
 from streamer.model.tokenizer import TIME_PRECISION, Tokenizer
@@ -165,9 +165,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
                 if h == 0:
                     given[0] += segments
                     return
-                for s in segments:  # times as `join` makes them (`fast` joins its windows so)
-                    start = max(s.start, ends[h]) if h >= 2 else s.start
-                    ends[h] = max(s.end, start) if h >= 2 else s.end
+                for s in segments:  # `fast`'s times as its `join` makes them
+                    start, ends[h] = (s.start, s.end) if h == 1 else after(s.start, s.end, ends[h])
                     given[h].append((start, ends[h], s.text))
             return take
 

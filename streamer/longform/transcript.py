@@ -109,6 +109,12 @@ def _span_logprobs(spans: list[tuple[float, float, list[int]]], result: Result) 
     return out
 
 
+def after(start: float, end: float, previous_end: float) -> tuple[float, float]:
+    """A segment's (start, end) as `join` sets them: not before the previous segment's end."""
+    start = max(start, previous_end)
+    return start, max(end, start)
+
+
 def join(windows: list[Window], *, language: str | None, duration: float, task: str) -> Transcript:
     """One transcript from windows in recording order: ids renumbered, times made non-decreasing."""
     segments: list[TranscriptSegment] = []
@@ -116,8 +122,7 @@ def join(windows: list[Window], *, language: str | None, duration: float, task: 
     for window in windows:
         for seg in window.segments:
             seg.id = len(segments)
-            seg.start = max(seg.start, previous_end)
-            seg.end = max(seg.end, seg.start)
+            seg.start, seg.end = after(seg.start, seg.end, previous_end)
             previous_end = seg.end
             segments.append(seg)
     text = "".join(s.text for s in segments).strip()

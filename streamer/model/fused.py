@@ -23,7 +23,7 @@ from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
 from cuda_ops.precision import PrecisionConfig
 from streamer.model.whisper import (AudioEncoder, DecoderBlock, EncoderBlock, LayerKV, Whisper, _merge_heads, _split_heads,
-                                    copy_words, cross_qk, project_cross_kv, with_children)
+                                    cross_qk, with_children)
 
 PREFILL_ROWS_MAX = 16
 """Prompt tokens up to which a prefill reads a quantised (FP8 or 4-bit) cross cache through decode
@@ -164,8 +164,7 @@ class FusedDecoderBlock(nn.Module):
         one pass over the projection (cuda_ops/cross_kv.py, cross_int4.py), or with the FP8 epilogue
         switch inside the projection's GEMM, where the fp16 projection never reaches memory."""
         if layer.cross_format == "fp16":
-            k, v = project_cross_kv(self, audio_features)
-            copy_words(layer.cross_k[s], k), copy_words(layer.cross_v[s], v)
+            DecoderBlock.write_cross_kv(self, audio_features, layer, s)
             return
         out = layer.cross_k[s], layer.cross_v[s], layer.cross_k_scale[s], layer.cross_v_scale[s]
         lin = self.cross_kv

@@ -16,9 +16,9 @@ from streamer.config import EngineConfig
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions
 from streamer.audio.features import log_mel_spectrogram
-from streamer.model.fused import FusedAudioEncoder, FusedDecoderBlock, FusedEncoderBlock, apply_precision
+from streamer.model.fused import FusedAudioEncoder, FusedDecoderBlock, FusedEncoderBlock, FusedTextDecoder, apply_precision
 from streamer.model.weights import load_model
-from streamer.model.whisper import AudioEncoder, DecoderBlock, KVCache
+from streamer.model.whisper import AudioEncoder, DecoderBlock, KVCache, TextDecoder
 from cuda_ops.fp8 import FP8Linear
 from cuda_ops.precision import get_preset
 
@@ -94,6 +94,31 @@ def test_fused_encoder_adds_each_residual_inside_the_next_layer_norm(clips):
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
     unfused = apply_precision(plain.model, get_preset("full_fp16:use_fused_layernorm=0"))
     assert type(unfused.encoder) is AudioEncoder
+
+
+def test_fused_decoder_adds_each_residual_inside_the_next_layer_norm(clips):
+    """full_fp16's decoder passes (x, delta) between blocks (`FusedTextDecoder`) and reads one
+    StepIndex per call: the plain decoder's hidden states for a prompt and then one token a row at
+    different positions, on real audio; the plain model keeps its decoder."""
+    plain = load_model("tiny.en")
+    model = apply_precision(plain.model, get_preset("full_fp16"))
+    assert isinstance(model.decoder, FusedTextDecoder) and type(plain.model.decoder) is TextDecoder
+    mel = log_mel_spectrogram(list(clips[:2]), plain.dims.n_mels)
+    tokens = torch.tensor([[50257, 50362, 383, 2068], [50257, 50362, 314, 892]])
+    positions = torch.arange(4).expand(2, 4)
+    hidden = []
+    with torch.inference_mode():
+        for m in (model, plain.model):
+            cache = KVCache(plain.dims, 2)
+            m.decoder.write_cross_kv(m.encoder(mel), cache, 0)
+            first = m.decoder(tokens[:, :3], positions[:, :3], 0, cache)
+            # the second row one position behind: its own length, not the batch's
+            step = m.decoder(tokens[:, 3:], torch.tensor([[3], [2]]), 0, cache)
+            hidden.append((first, step))
+    for ours, ref in zip(*hidden):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    unfused = apply_precision(plain.model, get_preset("full_fp16:use_fused_layernorm=0"))
+    assert type(unfused.decoder) is TextDecoder
 
 
 @pytest.mark.parametrize("cross_format", ["fp8", "int4"])

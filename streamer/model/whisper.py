@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -276,6 +276,18 @@ class _PassLayer:
         return *project_cross_kv(self.block, self.audio_features[s]), None, None
 
 
+class StepIndex(NamedTuple):
+    """Where a decoder call's tokens go, made once per call (not per layer: in a captured large-v3
+    step each tensor op is a kernel launch, 32 times over)."""
+
+    rows: Tensor
+    """[B, T] each token's row in the batch (its slot, relative to the batch's first)."""
+    positions: Tensor
+    """[B, T] each token's position in its slot."""
+    lengths: Tensor
+    """[B] int32: each row's self-attention length once the call's tokens are in (last position + 1)."""
+
+
 class DecoderBlock(nn.Module):
     def __init__(self, d: int, n_head: int):
         super().__init__()
@@ -291,9 +303,9 @@ class DecoderBlock(nn.Module):
         self.fc1 = nn.Linear(d, 4 * d)
         self.fc2 = nn.Linear(4 * d, d)
 
-    def forward(self, x: Tensor, index: tuple[Tensor, Tensor], mask: Tensor, self_k: Tensor, self_v: Tensor,
+    def forward(self, x: Tensor, index: StepIndex, mask: Tensor, self_k: Tensor, self_v: Tensor,
                 cross: tuple, cross_qk_heads: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
-        # x: [B, T, D]; index: (row [B, T], position [B, T]) where the new K/V go;
+        # x: [B, T, D]; index: where the new K/V go (StepIndex);
         # mask: [B, 1, T, kv_len] True where attending is allowed;
         # self_k/v: this batch's slots, [B, H, kv_len, Dh] views of the cache;
         # cross: (k, v, k_scale, v_scale) of this batch's slots, [B, H, 1500, Dh] (+ [B, H, 12] FP8 scales).
@@ -301,9 +313,8 @@ class DecoderBlock(nn.Module):
         cross_k, cross_v, _, _ = cross
         q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.n_head) for t in (q, k, v))
-        rows, positions = index
-        self_k[rows, :, positions] = k.transpose(1, 2)  # [B, T, H, Dh] at (row, position)
-        self_v[rows, :, positions] = v.transpose(1, 2)
+        self_k[index.rows, :, index.positions] = k.transpose(1, 2)  # [B, T, H, Dh] at (row, position)
+        self_v[index.rows, :, index.positions] = v.transpose(1, 2)
         a = _attend(q, self_k, self_v, mask)
         x = x + self.attn_out(_merge_heads(a))
         q = _split_heads(self.cross_q(self.cross_ln(x)), self.n_head)
@@ -362,20 +373,29 @@ class TextDecoder(nn.Module):
         kv_len = kv_len or self.dims.n_text_ctx
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         rows = torch.arange(b, device=tokens.device)[:, None].expand_as(positions)
+        index = StepIndex(rows, positions, (positions[:, -1] + 1).to(torch.int32))
         key_pos = torch.arange(kv_len, device=tokens.device)
         mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, kv_len]
         s = slice(start, start + b)
         heads_of: dict[int, list[int]] = {}
         for layer, head in cross_qk_heads or ():
             heads_of.setdefault(layer, []).append(head)
-        captured = []
-        for i, (block, layer) in enumerate(zip(self.blocks, cache.layers)):
-            x, qk = block(x, (rows, positions), mask, *layer.self_kv(s, kv_len), layer.cross(s), heads_of.get(i))
-            if qk is not None:
-                captured.append(qk)
+        layers = [(layer.self_kv(s, kv_len), layer.cross(s)) for layer in cache.layers]
+        x, captured = self.run_blocks(x, index, mask, layers, heads_of)
         if cross_qk_heads is None:
             return x
         return x, torch.cat(captured, dim=1)
+
+    def run_blocks(self, x: Tensor, index: StepIndex, mask: Tensor, layers: list[tuple[tuple, tuple]],
+                   heads_of: dict[int, list[int]]) -> tuple[Tensor, list[Tensor]]:
+        """x through every block, layer i over layers[i] = (its self K/V views, its cross cache);
+        (x, the cross-attention logits of the heads in heads_of, in layer order)."""
+        captured = []
+        for i, (block, (self_kv, cross)) in enumerate(zip(self.blocks, layers)):
+            x, qk = block(x, index, mask, *self_kv, cross, heads_of.get(i))
+            if qk is not None:
+                captured.append(qk)
+        return x, captured
 
     def logits(self, hidden: Tensor) -> Tensor:
         # hidden: [..., D] -> [..., n_vocab] in float32

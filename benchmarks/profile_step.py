@@ -65,8 +65,8 @@ def main() -> None:
                 print(f"\n== {args.shape} {preset}, {r} rows at position {args.position}: {run['step_ms']:.3f} ms, "
                       f"{run['launches']:.0f} launches, {run['kernel_us']:.0f} µs of kernels", flush=True)
                 print(table([{"kind": k, "µs": f"{v['us']:.1f}", "launches": f"{v['launches']:.0f}"}
-                             for k, v in run["by_kind"].items()]))
-                for name, us, c in run["top"][:12]:
+                             for k, v in run["by_kind"].items()], ["kind", "µs", "launches"]))
+                for name, us, c in run["top"]:
                     print(f"  {us:8.1f} µs {c:4.0f}x  {name[:110]}")
         engine.close()
         torch.cuda.empty_cache()

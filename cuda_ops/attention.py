@@ -405,9 +405,10 @@ def _maxnreg(launch: Launch) -> dict:
     return {"maxnreg": launch.maxnreg} if launch.maxnreg and not interpreter_active() else {}
 
 
-# One-pass split merge: an int32 counter per (row, head), zero between launches (the program that
-# merges puts it back to 0), one buffer per device. Launches in stream order may share it (the
-# engine's decode step, CUDA-graph replays on one stream); two one-pass launches running at the
+# One-pass split merge (here and cuda_ops/decode_linear.py): an int32 counter per (row, head) or
+# output tile, zero between launches (the program that merges puts it back to 0), one buffer per
+# device. Launches in stream order may share it (the engine's decode step, CUDA-graph replays on one
+# stream; the encoder on the engine's side stream launches neither); two one-pass launches running at the
 # same time on two streams of one device would share counters and must not be used together.
 # Made at the first call outside a capture (the warm-up); a call inside a CUDA-graph capture that
 # finds none (or one too small) gets a buffer of its own whose zero-fill is captured (every replay

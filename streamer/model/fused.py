@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from cuda_ops.attention import decode_attention, dequantize_kv
 from cuda_ops.cross_int4 import decode_attention_int4, dequantize_k, dequantize_v, write_cross_kv_int4
 from cuda_ops.cross_kv import write_cross_kv_fp8
+from cuda_ops.decode_linear import linear
 from cuda_ops.fp8 import FP8Linear, bias_gelu, ffn_fp8
 from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
@@ -45,14 +46,23 @@ def _ln(x: Tensor, ln: nn.LayerNorm, residual: Tensor | None = None, fp8: bool =
     return ((y, scale) if fp8 else y), res
 
 
+def _linear(lin: nn.Module, h, gelu: bool = False) -> Tensor:
+    """lin(h), then GELU: an fp16 nn.Linear through `decode_linear.linear` (a decode step's few rows:
+    our split-K GEMM with the GELU in its epilogue, where it has a launch; else cuBLAS and our GELU
+    kernel, which PyTorch's erff-based GELU, bound by instructions, was 1.4x slower than), an FP8
+    linear as it is."""
+    if isinstance(lin, nn.Linear):
+        return linear(h, lin.weight, lin.bias, gelu)
+    y = lin(h)
+    return bias_gelu(y, None) if gelu else y
+
+
 def _mlp_delta(block: nn.Module, x: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
     """(x + a, MLP(LN(x + a))): the block's output as residual and delta, for the next LayerNorm to
     add; FP8 end to end when fc1 is FP8."""
     fp8 = isinstance(block.fc1, FP8Linear)
     h, x = _ln(a, block.mlp_ln, residual=x, fp8=fp8)
-    # fp16: our GELU kernel (memory-bound; PyTorch's erff-based one is bound by instructions: 0.099 s of
-    # 256 large-v3 windows on the H200, ~0.06 s of bytes)
-    return x, (ffn_fp8(h, block.fc1, block.fc2) if fp8 else block.fc2(bias_gelu(block.fc1(h), None)))
+    return x, (ffn_fp8(h, block.fc1, block.fc2) if fp8 else _linear(block.fc2, _linear(block.fc1, h, gelu=True)))
 
 
 def _adopt(module: nn.Module, block: nn.Module) -> None:
@@ -132,14 +142,14 @@ class FusedDecoderBlock(nn.Module):
             h, _ = _ln(x, self.attn_ln, fp8=fp8)
         else:
             h, x = _ln(delta, self.attn_ln, residual=x, fp8=fp8)
-        q, k, v = (_split_heads(t, self.n_head) for t in self.qkv(h).chunk(3, dim=-1))
+        q, k, v = (_split_heads(t, self.n_head) for t in _linear(self.qkv, h).chunk(3, dim=-1))
         write_kv(k.transpose(1, 2), v.transpose(1, 2), self_k, self_v, index.rows, index.positions)
         if one_token:  # read each slot's valid positions only, not the whole context
             a = decode_attention(q[:, :, 0], self_k, self_v, index.lengths)[:, :, None]
         else:
             a = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=mask)
-        h, x = _ln(self.attn_out(_merge_heads(a)), self.cross_ln, residual=x, fp8=isinstance(self.cross_q, FP8Linear))
-        q = _split_heads(self.cross_q(h), self.n_head)
+        h, x = _ln(_linear(self.attn_out, _merge_heads(a)), self.cross_ln, residual=x, fp8=isinstance(self.cross_q, FP8Linear))
+        q = _split_heads(_linear(self.cross_q, h), self.n_head)
         ck, cv, k_scale, v_scale = cross
         B, H, T, Dh = q.shape
         if k_scale is not None and T <= PREFILL_ROWS_MAX:
@@ -162,7 +172,7 @@ class FusedDecoderBlock(nn.Module):
         if cross_qk_heads is not None:  # word alignment: over the keys as the attention read them
             keys = ck if k_scale is None else _dequantize_cross(ck, cv, k_scale, v_scale)[0]
             qk = cross_qk(q, keys, cross_qk_heads)
-        return *_mlp_delta(self, x, self.cross_out(_merge_heads(a))), qk
+        return *_mlp_delta(self, x, _linear(self.cross_out, _merge_heads(a))), qk
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`: quantised in

@@ -1,0 +1,90 @@
+"""The decode step's split-K linear (cuda_ops/decode_linear.py) against F.linear in fp32 (CUDA, or
+Triton's interpreter on the CPU): odd row, column and K counts (K not a multiple of BLOCK_K, splits
+that leave a short last chunk), bias or none, GELU in the epilogue, one split or several merged by
+the last program of each tile; the merge is deterministic and leaves its counters at zero."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cuda_ops import decode_linear as dl
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BIG = DEVICE == "cuda"
+
+
+def _inputs(m, n, k, seed, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).half().to(DEVICE)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half().to(DEVICE)
+    b = torch.randn(n, generator=gen).half().to(DEVICE) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("m,n,k,launch", [
+    (1, 96, 64, dl.GemmLaunch(16, 32, 32, 1)),
+    (3, 200, 200, dl.GemmLaunch(16, 64, 64, 3)),  # K = 3 full steps + 8: the last split is short
+    (17, 130, 96, dl.GemmLaunch(16, 32, 16, 4, num_warps=2)),  # two row tiles, a ragged column tile
+    (40, 64, 384, dl.GemmLaunch(64, 16, 32, 5)),  # 12 steps in 5 splits: chunks of 3, the last one empty-free
+    ((128, 1280, 1280, dl.GemmLaunch(64, 64, 64, 4)) if BIG else (33, 48, 160, dl.GemmLaunch(32, 16, 64, 2))),
+])
+@pytest.mark.parametrize("bias,gelu", [(True, False), (False, False), (True, True)])
+def test_kernel_equals_the_fp32_linear(m, n, k, launch, bias, gelu):
+    x, w, b = _inputs(m, n, k, m * 1000 + n + k, bias)
+    ours = dl.decode_linear_triton(x, w, b, gelu, launch)
+    ref = dl.decode_linear_reference(x, w, b, gelu)
+    assert ours.shape == (m, n) and ours.dtype == torch.float16
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=2e-3, atol=2e-3)
+
+
+def test_split_merge_is_deterministic_and_resets_its_counters():
+    x, w, b = _inputs(20, 96, 256, 7)
+    launch = dl.GemmLaunch(32, 32, 32, 8)  # 3 column tiles x 8 splits
+    first = dl.decode_linear_triton(x, w, b, False, launch)
+    again = dl.decode_linear_triton(x, w, b, False, launch)
+    assert torch.equal(first, again)
+    assert int(dl._split_locks(x.device, 3)[:3].abs().sum()) == 0
+    out = torch.full_like(first, 7.0)
+    dl.decode_linear_triton(x[None], w, b, False, launch, out=out)  # leading dims flattened, in place
+    assert torch.equal(out, first)
+
+
+def test_rows_of_a_batch_do_not_depend_on_each_other():
+    """A row's output is the same alone as in a batch (no row reads another's K-chunk)."""
+    x, w, b = _inputs(9, 64, 128, 3)
+    launch = dl.GemmLaunch(16, 32, 32, 2)
+    full = dl.decode_linear_triton(x, w, b, True, launch)
+    torch.testing.assert_close(dl.decode_linear_triton(x[4:5], w, b, True, launch), full[4:5], rtol=0, atol=1e-3)
+
+
+def test_table_and_dispatch(tmp_path, monkeypatch):
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"1280,1280": [[256, 64, 64, 64, 4, 4, 3], [32, 16, 64, 128, 8, 4, 4], [64]]}))
+    table = dl.load_table(str(path))
+    assert [rows for rows, _ in table[(1280, 1280)]] == [32, 64, 256]
+    monkeypatch.setattr(dl, "LAUNCHES", table)
+    monkeypatch.setattr(dl, "MODE", "table")
+    assert dl.choose_launch(8, 1280, 1280, 132) == dl.GemmLaunch(16, 64, 128, 8, 4, 4)
+    assert dl.choose_launch(200, 1280, 1280, 132).split == 4
+    assert dl.choose_launch(48, 1280, 1280, 132) is None  # [64]: cuBLAS from 33 to 64 rows
+    assert dl.choose_launch(257, 1280, 1280, 132) is None and dl.choose_launch(8, 5120, 1280, 132) is None
+    monkeypatch.setattr(dl, "MODE", "off")
+    assert dl.choose_launch(8, 1280, 1280, 132) is None
+    rule = dl.rule_launch(128, 1280, 1280, 132)
+    assert rule.split > 1 and 2 * 20 * rule.split >= 132  # tiles x splits fill the SMs
+    # Off CUDA (and where no launch applies) `linear` is F.linear, then the GELU kernel's reference.
+    x, w, b = (t.cpu() for t in _inputs(5, 48, 64, 1))
+    assert torch.equal(dl.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+
+
+def test_bad_shapes_are_refused():
+    x, w, b = _inputs(4, 32, 64, 0)
+    with pytest.raises(ValueError, match="need weight"):
+        dl.decode_linear_triton(x, w[:, :32], b)
+    with pytest.raises(ValueError, match="need weight"):
+        dl.decode_linear_triton(x, w, b[:8])
+    with pytest.raises(ValueError, match="bad launch"):
+        dl.decode_linear_triton(x, w, b, launch=dl.GemmLaunch(8, 32, 32, 1))

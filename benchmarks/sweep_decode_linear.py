@@ -1,5 +1,7 @@
 """The decode step's linears: our split-K GEMM (cuda_ops/decode_linear.py) against cuBLAS, per weight
-shape and row count, on a CUDA GPU; writes the launch table the engine reads.
+shape and row count, on a CUDA GPU; writes a launch table (the engine takes it with
+STREAMER_DECODE_LINEAR=<its path>). On the H200 (session 16) cuBLAS won nearly everywhere: see
+cuda_ops/decode_linear.py and docs/benchmarks.md.
 
 Each measurement is a CUDA graph of 32 calls, each with its own weight (as the 32 layers of a
 large-v3 step: weights come from HBM, not L2), replayed; µs per call. cuBLAS is F.linear, and for

@@ -2,17 +2,24 @@
 
 A captured large-v3 decode step at 128 rows runs six fp16 GEMMs a layer whose weights are 0.8-13 MB:
 bound by reading them, 0.375 ms a step at copy bandwidth, but cuBLAS took 1.33 ms (H200, session 16,
-`profile_step.py`): at M = 128 it tiles N only (80 CTAs for N = 1280, 20 K-iterations each in a row),
-so each GEMM is latency, ~6.7 us whatever its size. Here K is split too, so that
-tiles x splits fills the SMs: each program multiplies its K-chunk, stores the fp32 partial tile,
+`profile_step.py`): ~5.5-11 us a GEMM whatever its size. The idea here: split K too, so that
+tiles x splits fills the SMs; each program multiplies its K-chunk, stores the fp32 partial tile,
 and the last program of each output tile to finish (an atomic counter, as attention.py's one-pass
 merge) sums the partials in split order (deterministic), adds the bias, applies GELU (fc1: the
 exact erf formula of fp8.py's kernel, so the separate GELU launch goes too) and writes fp16.
 
-`linear` dispatches: the kernel on CUDA for fp16 rows up to MAX_ROWS where LAUNCHES has a launch
-for the weight's (N, K) (or the rule, `STREAMER_DECODE_LINEAR=rule`), else F.linear (+ `bias_gelu`),
-as everywhere off CUDA. `decode_linear_triton` runs the kernel on any device (the CPU under
-TRITON_INTERPRET=1, for the tests).
+**It does not pay, so it is off** (`benchmarks/sweep_decode_linear.py`, H200, session 16: graphs of
+32 calls with 32 weights, best of 18-40 launches each): at large-v3's shapes cuBLAS was faster at
+every row count from 1 to 256 (ours 0.70-0.99x) except attn_out-sized at 1 row (1.02x) and fc1 + GELU
+at 1 and 8 rows (1.06-1.08x, the saved GELU launch); the engine at 128 / 256 windows ran the same
+with or without those entries. Both sit at ~5 us a call for a 3 MB weight: per-kernel latency, not
+bytes. Kept as an A/B for other GPUs and Tritons (correct on the H200: every decode linear through it,
+full_fp16's tiny.en tokens equal the plain model's and 41 clips' transcripts equal cuBLAS's).
+
+`linear` dispatches: F.linear (+ `bias_gelu`) unless STREAMER_DECODE_LINEAR asks for the kernel:
+"rule" (every fp16 product of up to MAX_ROWS rows on CUDA, launched by `rule_launch`) or the path of
+a JSON table as the sweep writes it (only the shapes and row counts it lists). `decode_linear_triton`
+runs the kernel on any device (the CPU under TRITON_INTERPRET=1, for the tests).
 """
 
 from __future__ import annotations
@@ -64,13 +71,11 @@ def load_table(path: str) -> dict[tuple[int, int], list[tuple[int, GemmLaunch | 
             for key, rows in raw.items()}
 
 
-MODE = os.environ.get("STREAMER_DECODE_LINEAR", "table")
-""""table": the kernel where LAUNCHES has the shape; "rule": everywhere up to MAX_ROWS, launched by
-`rule_launch`; "off": cuBLAS only (A/B); any other value: the path of a JSON table to use instead."""
+MODE = os.environ.get("STREAMER_DECODE_LINEAR", "off")
+""""off" (default): cuBLAS; "rule": the kernel everywhere up to MAX_ROWS rows; else a table's path."""
 LAUNCHES: dict[tuple[int, int], list[tuple[int, GemmLaunch | None]]] = {}
-"""(N, K) -> [(max rows, launch or None for cuBLAS), ...]: where the kernel beat cuBLAS on the H200,
-by the sweep."""
-if MODE not in ("table", "rule", "off"):
+"""(N, K) -> [(max rows, launch or None for cuBLAS), ...]: the table MODE names."""
+if MODE not in ("rule", "off"):
     LAUNCHES = load_table(MODE)
 
 

@@ -47,10 +47,9 @@ def _ln(x: Tensor, ln: nn.LayerNorm, residual: Tensor | None = None, fp8: bool =
 
 
 def _linear(lin: nn.Module, h, gelu: bool = False) -> Tensor:
-    """lin(h), then GELU: an fp16 nn.Linear through `decode_linear.linear` (a decode step's few rows:
-    our split-K GEMM with the GELU in its epilogue, where it has a launch; else cuBLAS and our GELU
-    kernel, which PyTorch's erff-based GELU, bound by instructions, was 1.4x slower than), an FP8
-    linear as it is."""
+    """lin(h), then GELU: an nn.Linear through `decode_linear.linear` (cuBLAS and our GELU kernel, which
+    PyTorch's erff-based GELU, bound by instructions, was 1.4x slower than; our split-K GEMM only as
+    an A/B, STREAMER_DECODE_LINEAR), an FP8 linear as it is."""
     if isinstance(lin, nn.Linear):
         return linear(h, lin.weight, lin.bias, gelu)
     y = lin(h)

@@ -66,7 +66,7 @@ def test_table_and_dispatch(tmp_path, monkeypatch):
     table = dl.load_table(str(path))
     assert [rows for rows, _ in table[(1280, 1280)]] == [32, 64, 256]
     monkeypatch.setattr(dl, "LAUNCHES", table)
-    monkeypatch.setattr(dl, "MODE", "table")
+    monkeypatch.setattr(dl, "MODE", str(path))
     assert dl.choose_launch(8, 1280, 1280, 132) == dl.GemmLaunch(16, 64, 128, 8, 4, 4)
     assert dl.choose_launch(200, 1280, 1280, 132).split == 4
     assert dl.choose_launch(48, 1280, 1280, 132) is None  # [64]: cuBLAS from 33 to 64 rows

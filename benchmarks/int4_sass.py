@@ -127,7 +127,7 @@ def int4_v1(tmp, dump):
                       bt, tmp, dump)
 
 
-def int4_v2(tmp, dump, warps, stages, splits=1, h=H, d=D, slots=False, label="", center=False):
+def int4_v2(tmp, dump, warps, stages, splits=1, h=H, d=D, slots=False, label=""):
     types = {"q_ptr": "*fp16", "k_ptr": "*i64", "v_ptr": "*i64", "ks_ptr": "*fp16", "vs_ptr": "*fp16",
              "slot_ptr": "*i32", "qs_ptr": "*i32", "qd_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
              "part_acc_ptr": "*fp32", "out_ptr": "*fp16", "qk_scale": "fp32"}
@@ -135,8 +135,8 @@ def int4_v2(tmp, dump, warps, stages, splits=1, h=H, d=D, slots=False, label="",
     values = dict(H=h, T=T, chunk=chunk, n_tiles=TILES, stride_qb=h * d, stride_qh=d, stride_cs=h * T * d // 16,
                   stride_ch=T * d // 16, stride_kss=h * TILES * d, stride_ksh=TILES * d, stride_kst=d,
                   stride_vss=h * T, stride_vsh=T, stride_ob=h * d, stride_oh=d, num_splits=-(-T // chunk))
-    flags = dict(HAS_SLOTS=slots, G=16, E=d // 16, HALF=d // 2, STAGES=stages, USE_ASM=True, CENTER_K=center)
-    name = label or f"int4 v2{' centred' if center else ''} 1w s{stages} split{values['num_splits']}"
+    flags = dict(HAS_SLOTS=slots, G=16, E=d // 16, HALF=d // 2, STAGES=stages, USE_ASM=True)
+    name = label or f"int4 v2 1w s{stages} split{values['num_splits']}"
     return compile_and_count(name, C._decode_int4_v2_kernel, flags, types, values, warps, max(1, stages), 128, tmp,
                              dump)
 
@@ -156,13 +156,10 @@ if __name__ == "__main__":
         if "v1" in args.only:
             int4_v1(tmp, args.dump)
         if "v2" in args.only:
-            for center in (False, True):
-                for st in (3,) if args.quick else (2, 3, 4):
-                    int4_v2(tmp, args.dump, 1, st, center=center)
-        if args.splits:  # every split count the launcher can pick at T = 1500, both K variants, tiny's H, slots
-            for center in (False, True):
-                for sp in (2, 3, 4, 6, 12):
-                    int4_v2(tmp, args.dump, 1, C.V2_STAGES, splits=sp, center=center)
-                int4_v2(tmp, args.dump, 1, C.V2_STAGES, h=6, center=center, label=f"int4 v2 tiny H=6 c{int(center)}")
-                int4_v2(tmp, args.dump, 1, C.V2_STAGES, splits=3, slots=True, center=center,
-                        label=f"int4 v2 slots split3 c{int(center)}")
+            for st in (3,) if args.quick else (2, 3, 4):
+                int4_v2(tmp, args.dump, 1, st)
+        if args.splits:  # every split count the launcher can pick at T = 1500, tiny's H, slots
+            for sp in (2, 3, 4, 6, 12):
+                int4_v2(tmp, args.dump, 1, C.V2_STAGES, splits=sp)
+            int4_v2(tmp, args.dump, 1, C.V2_STAGES, h=6, label="int4 v2 tiny H=6")
+            int4_v2(tmp, args.dump, 1, C.V2_STAGES, splits=3, slots=True, label="int4 v2 slots split3")

@@ -1,5 +1,5 @@
 """Max abs error of the 4-bit decode kernels against the fp32 reference on the CPU (Triton interpreter):
-v1, v2 (plain-op path), v2 with K centred; beside SDPA in fp16 over the same dequantised K/V and the
+v1, v2 (plain-op path); beside SDPA in fp16 over the same dequantised K/V and the
 format's own error (the reference against attention over the unquantised K/V). Random K (x ksc), V, q x 2.
 
     PYTHONPATH=. python benchmarks/int4_v2_error.py
@@ -16,9 +16,8 @@ for (B,T,H,D,S,ksc) in [(3,300,2,64,None,3),(3,300,2,64,None,0.3),(1,129,1,32,2,
     q=(torch.randn(B,H,D)*2).half()
     o=decode_attention_int4_v2_triton(q,kc,vc,ks,vs,num_splits=S).float()
     o1=decode_attention_int4_triton(q,kc,vc,ks,vs,num_splits=S).float()
-    oc=decode_attention_int4_v2_triton(q,kc,vc,ks,vs,num_splits=S,center_k=True).float()
     r=decode_attention_int4_reference(q,kc,vc,ks,vs).float()
     kk,vv=dequantize_k(kc,ks),dequantize_v(vc,vs)
     sd=F.scaled_dot_product_attention(q.half()[:,:,None],kk.half(),vv.half())[:,:,0].float()
     tr=F.scaled_dot_product_attention(q.float()[:,:,None],k,v)[:,:,0]
-    print(B,T,H,D,S,ksc,"v1 err %.2e v2 err %.2e centred %.2e sdpa16 err %.2e quant err %.2e max %.2f"%((o1-r).abs().max(),(o-r).abs().max(),(oc-r).abs().max(),(sd-r).abs().max(),(tr-r).abs().max(),r.abs().max()))
+    print(B,T,H,D,S,ksc,"v1 err %.2e v2 err %.2e sdpa16 err %.2e quant err %.2e max %.2f"%((o1-r).abs().max(),(o-r).abs().max(),(sd-r).abs().max(),(tr-r).abs().max(),r.abs().max()))

@@ -7,8 +7,7 @@ as the engine runs it. Prints the table and the launch with the least time summe
 (`best: ...`; a v1 launch BxWxS is for STREAMER_INT4_ATTN_LAUNCH); JSON under benchmarks/results.
 
 Issue 15's v2 kernel (`decode_attention_int4_v2_triton`: packed fp16x2 on the codes) is timed in the
-same run: "v2 sS[c][wW]" = S cp.async stages, c = K centred per value (STREAMER_INT4_V2_CENTER_K=1),
-wW = splits until B x H x splits reaches W programs per SM (default V2_WAVES).
+same run: "v2 sS[wW]" = S cp.async stages, wW = splits until B x H x splits reaches W programs per SM (default V2_WAVES).
 
     python benchmarks/sweep_int4_attention.py [--batches 1,8,32,128,256] [--v1 all|BxWxS,...] [--no-v2]
         [--out sweep_int4_attention.json]
@@ -32,8 +31,7 @@ H, T, D = 20, 1500, 64
 LAUNCHES = [(32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 2),
             (64, 2, 3), (128, 4, 3)]
 # v2: (stages, K centred, waves)
-V2_LAUNCHES = [(2, False, V2_WAVES), (3, False, V2_WAVES), (4, False, V2_WAVES), (3, True, V2_WAVES),
-               (2, True, V2_WAVES), (3, False, 4), (3, False, 16)]
+V2_LAUNCHES = [(2, V2_WAVES), (3, V2_WAVES), (4, V2_WAVES), (3, 4), (3, 16)]  # (stages, waves)
 
 
 def v1_call(c, bt, nw, st, out=None):
@@ -41,11 +39,11 @@ def v1_call(c, bt, nw, st, out=None):
                                         stages=st)
 
 
-def v2_call(c, st, center, waves, out=None):
+def v2_call(c, st, waves, out=None):
     B, H = c["q"].shape[:2]
     splits = auto_fp8_tile_splits(B * H, T, torch.cuda.get_device_properties(0).multi_processor_count, waves)
     return decode_attention_int4_v2_triton(c["q"], c["kc"], c["vc"], c["ks"], c["vs"], out=out, num_splits=splits,
-                                           stages=st, center_k=center)
+                                           stages=st)
 
 
 def main() -> None:
@@ -58,8 +56,7 @@ def main() -> None:
     v1 = LAUNCHES if args.v1 == "all" else [tuple(int(x) for x in n.split("x")) for n in args.v1.split(",") if n]
     cases = [(f"{bt}x{nw}x{st}", v1_call, (bt, nw, st)) for bt, nw, st in v1]
     if not args.no_v2:
-        cases += [(f"v2 s{st}{'c' if ce else ''}" + (f"w{wv}" if wv != V2_WAVES else ""), v2_call, (st, ce, wv))
-                  for st, ce, wv in V2_LAUNCHES]
+        cases += [(f"v2 s{st}" + (f"w{wv}" if wv != V2_WAVES else ""), v2_call, (st, wv)) for st, wv in V2_LAUNCHES]
     ceiling = copy_bandwidth_gbps()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, total = [], {}

@@ -27,8 +27,7 @@ and both issue ~21 T/s; to pay, under ~350 (packed fp16x2 unpacking into tensor-
 Issue 15's v2 kernel (below: `decode_attention_int4_v2_triton`, STREAMER_INT4_ATTN_KERNEL=v2) does the
 arithmetic on fp16x2 pairs in the codes' own bits: 304 thread-instructions a position in its loop
 compiled for sm_90 here (+20 for its per-tile prologue; on the H200 1.18 / 1.31 / 1.48x FP8 v7's speed at
-B = 32 / 128 / 256, 1.00x at 8), 335 (+14) with K centred per value, against
-v1's 948 and FP8 v7's 736 counted the same way (benchmarks/int4_sass.py; docs/notes/int4_15.md;
+B = 32 / 128 / 256, 1.00x at 8), against v1's 948 and FP8 v7's 736 counted the same way (benchmarks/int4_sass.py; docs/notes/int4_15.md;
 timings: docs/benchmarks.md, session 15).
 
 Each kernel has a pure-PyTorch reference; the dispatchers use the kernels on CUDA and the references
@@ -472,9 +471,6 @@ V2_WAVES = 8  # split T until B x H x splits reaches 8 one-warp programs per SM
 DECODE_KERNEL = os.environ.get("STREAMER_INT4_ATTN_KERNEL", "v2")
 if DECODE_KERNEL not in ("v1", "v2"):
     raise ValueError(f"STREAMER_INT4_ATTN_KERNEL must be v1 or v2, got {DECODE_KERNEL!r}")
-# K's codes centred per value (1024-based fp16 and one HSUB2 a pair: fp16 sums of q x (n - 8), ~4x less
-# rounding in the logits) or not (subnormal codes, the +8 taken out per tile: fewer instructions).
-V2_CENTER_K = os.environ.get("STREAMER_INT4_V2_CENTER_K", "0") == "1"
 
 
 @jit
@@ -536,86 +532,6 @@ def _qk_plain(x, qa, qb, qc, qd, acc_lo, acc_hi):
         acc_lo = acc_lo + vlo * qlo
         acc_hi = acc_hi + vhi * qhi
     return acc_lo, acc_hi
-
-
-@jit
-def _qk_center_plain(x, qa, qb, qc, qd, acc_lo, acc_hi):
-    """As _qk_plain with the codes as 1024 + n (or 1024 + 16n) minus 1032 (1152): n - 8 exactly."""
-    for j in tl.static_range(4):
-        if j == 0:
-            m = (x & 0x000F000F) | 0x64006400
-            qp = qa
-        elif j == 1:
-            m = (x & 0x00F000F0) | 0x64006400
-            qp = qb
-        elif j == 2:
-            m = ((x >> 8) & 0x000F000F) | 0x64006400
-            qp = qc
-        else:
-            m = ((x >> 8) & 0x00F000F0) | 0x64006400
-            qp = qd
-        vlo, vhi = _h2(m)
-        sub = 1032.0 if j % 2 == 0 else 1152.0
-        vlo = vlo - sub
-        vhi = vhi - sub
-        qlo, qhi = _h2(qp)
-        acc_lo = acc_lo + vlo * qlo
-        acc_hi = acc_hi + vhi * qhi
-    return acc_lo, acc_hi
-
-
-@jit
-def _k_dot_center(word, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM: tl.constexpr):
-    """int64 elements of K codes [.., E] . their 16 channels' q'' with the codes' +8 taken out per value
-    (1024-based fp16, one subtraction a pair) -> fp32 (units 2^-24)."""
-    if USE_ASM:
-        r = tl.inline_asm_elementwise(
-            """{
-            .reg .b32 lo, hi, t, a, acc, c0, c1;
-            .reg .b16 h0, h1;
-            .reg .f32 f0, f1;
-            mov.b32 c0, 0x64086408;
-            mov.b32 c1, 0x64806480;
-            mov.b64 {lo, hi}, $1;
-            lop3.b32 a, lo, 0x000F000F, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c0;
-            mul.rn.f16x2 acc, a, $2;
-            lop3.b32 a, lo, 0x00F000F0, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c1;
-            fma.rn.f16x2 acc, a, $3, acc;
-            shr.u32 t, lo, 8;
-            lop3.b32 a, t, 0x000F000F, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c0;
-            fma.rn.f16x2 acc, a, $4, acc;
-            lop3.b32 a, t, 0x00F000F0, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c1;
-            fma.rn.f16x2 acc, a, $5, acc;
-            lop3.b32 a, hi, 0x000F000F, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c0;
-            fma.rn.f16x2 acc, a, $6, acc;
-            lop3.b32 a, hi, 0x00F000F0, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c1;
-            fma.rn.f16x2 acc, a, $7, acc;
-            shr.u32 t, hi, 8;
-            lop3.b32 a, t, 0x000F000F, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c0;
-            fma.rn.f16x2 acc, a, $8, acc;
-            lop3.b32 a, t, 0x00F000F0, 0x64006400, 0xea;
-            sub.rn.f16x2 a, a, c1;
-            fma.rn.f16x2 acc, a, $9, acc;
-            mov.b32 {h0, h1}, acc;
-            cvt.f32.f16 f0, h0;
-            cvt.f32.f16 f1, h1;
-            add.f32 $0, f0, f1;
-            }""",
-            "=f,l,r,r,r,r,r,r,r,r", [word, q0, q1, q2, q3, q4, q5, q6, q7], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        lo, hi = _halves_plain(word)
-        z = tl.zeros(lo.shape, tl.float16)
-        a_lo, a_hi = _qk_center_plain(lo, q0, q1, q2, q3, z, z)
-        a_lo, a_hi = _qk_center_plain(hi, q4, q5, q6, q7, a_lo, a_hi)
-        r = a_lo.to(tl.float32) + a_hi.to(tl.float32)
-    return r
 
 
 @jit
@@ -777,15 +693,12 @@ def _v_fma(word, pp, a0, a1, a2, a3, a4, a5, a6, a7, USE_ASM: tl.constexpr):
 
 @jit
 def _k_group(k_base, t0, I: tl.constexpr, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee,
-             G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr, CENTER_K: tl.constexpr):
+             G: tl.constexpr, E: tl.constexpr, USE_ASM: tl.constexpr):
     """Base-2 logits [G] of positions t0 + I x G + gg (-inf past end)."""
     offs = t0 + I * G + gg
     mask = offs < end
     kw = tl.load(k_base + offs[:, None] * E + ee[None, :], mask=mask[:, None], other=0)
-    if CENTER_K:
-        s = tl.sum(_k_dot_center(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d
-    else:
-        s = tl.sum(_k_dot(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d - od
+    s = tl.sum(_k_dot(kw, q0, q1, q2, q3, q4, q5, q6, q7, USE_ASM), axis=1) * d - od
     return tl.where(mask, s, float("-inf"))
 
 
@@ -879,7 +792,7 @@ def _decode_int4_v2_kernel(
     stride_kss, stride_ksh, stride_kst, stride_vss, stride_vsh,
     stride_ob, stride_oh, num_splits,
     HAS_SLOTS: tl.constexpr, G: tl.constexpr, E: tl.constexpr, HALF: tl.constexpr,
-    STAGES: tl.constexpr, USE_ASM: tl.constexpr, CENTER_K: tl.constexpr,
+    STAGES: tl.constexpr, USE_ASM: tl.constexpr,
 ):  # fmt: skip
     # k_ptr, v_ptr: the codes as int64 elements [S, H, T, E] (E = D/16), each slot-head's T x E contiguous.
     # qs_ptr: int32 scratch [B x H, n_tiles, HALF] (q'' pairs), qd_ptr: fp32 [B x H, n_tiles, 2] (d, d x offset).
@@ -912,21 +825,18 @@ def _decode_int4_v2_kernel(
         a0 = qv0 * tl.load(ks_base + tile * stride_kst + ch0).to(tl.float32)
         a1 = qv1 * tl.load(ks_base + tile * stride_kst + ch1).to(tl.float32)
         amax = tl.max(tl.maximum(tl.abs(a0), tl.abs(a1)), axis=0)
-        if CENTER_K:  # products q'' x (n - 8) and sums of 16 of them stay below fp16's 65504
-            qn: tl.constexpr = 512.0
-            unit: tl.constexpr = 1.0
-        else:  # products q'' x n x 2^-24: the largest q'' at 2^14 keeps them normal
-            qn: tl.constexpr = 16384.0
-            unit: tl.constexpr = 5.9604644775390625e-08
+        # products q'' x n x 2^-24: the largest q'' at 2^14 keeps them normal
+        qn: tl.constexpr = 16384.0
+        unit: tl.constexpr = 5.9604644775390625e-08
         norm = tl.where(amax > 0, qn / tl.maximum(amax, 1e-30), 0.0)
         h0 = (a0 * norm * div).to(tl.float16)
         h1 = (a1 * norm * div).to(tl.float16)
         d = amax / qn / unit  # logits per unit of the fp16 sums
         tl.store(qs_base + tile * HALF + kk, _pack_h2(h0, h1))
         tl.store(qd_base + tile * 2, d)
-        if not CENTER_K:  # the codes' +8: the score of an all-8 row, taken out per position
-            offset = tl.sum((h0.to(tl.float32) + h1.to(tl.float32)) / div, axis=0) * (8.0 * 5.9604644775390625e-08)
-            tl.store(qd_base + tile * 2 + 1, d * offset)
+        # the codes' +8: the score of an all-8 row, taken out per position
+        offset = tl.sum((h0.to(tl.float32) + h1.to(tl.float32)) / div, axis=0) * (8.0 * 5.9604644775390625e-08)
+        tl.store(qd_base + tile * 2 + 1, d * offset)
     tl.debug_barrier()
 
     gg = tl.arange(0, G)
@@ -953,14 +863,14 @@ def _decode_int4_v2_kernel(
         q7 = tl.load(qrow + 7)
         d = tl.load(qd_base + tile * 2)
         od = tl.load(qd_base + tile * 2 + 1)
-        s0 = _k_group(k_base, t0, 0, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s1 = _k_group(k_base, t0, 1, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s2 = _k_group(k_base, t0, 2, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s3 = _k_group(k_base, t0, 3, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s4 = _k_group(k_base, t0, 4, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s5 = _k_group(k_base, t0, 5, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s6 = _k_group(k_base, t0, 6, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
-        s7 = _k_group(k_base, t0, 7, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM, CENTER_K)
+        s0 = _k_group(k_base, t0, 0, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s1 = _k_group(k_base, t0, 1, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s2 = _k_group(k_base, t0, 2, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s3 = _k_group(k_base, t0, 3, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s4 = _k_group(k_base, t0, 4, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s5 = _k_group(k_base, t0, 5, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s6 = _k_group(k_base, t0, 6, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
+        s7 = _k_group(k_base, t0, 7, end, q0, q1, q2, q3, q4, q5, q6, q7, d, od, gg, ee, G, E, USE_ASM)
         mx = tl.maximum(tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)),
                         tl.maximum(tl.maximum(s4, s5), tl.maximum(s6, s7)))
         m_new = tl.maximum(m_i, tl.max(mx, axis=0))
@@ -1026,7 +936,7 @@ def _decode_int4_v2_kernel(
 def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor, k_scale: Tensor, v_scale: Tensor,
                                     slot_ids: Tensor | None = None, *, out: Tensor | None = None,
                                     num_splits: int | None = None, num_warps: int = V2_WARPS, stages: int = V2_STAGES,
-                                    use_asm: bool | None = None, center_k: bool = V2_CENTER_K) -> Tensor:
+                                    use_asm: bool | None = None) -> Tensor:
     """The v2 kernel on q's device (CUDA, or the CPU under TRITON_INTERPRET=1) -> [B, H, D] in q's dtype.
 
     Splits: whole 128-position tiles until B x H x splits reaches V2_WAVES programs per SM, merged by
@@ -1062,7 +972,7 @@ def decode_attention_int4_v2_triton(q: Tensor, k_codes: Tensor, v_codes: Tensor,
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), v_scale.stride(0), v_scale.stride(1),
         out.stride(0), out.stride(1), splits,
         HAS_SLOTS=slot_ids is not None, G=16, E=D // 16, HALF=D // 2, STAGES=stages,
-        USE_ASM=use_asm, CENTER_K=center_k, num_warps=num_warps, num_stages=max(1, stages),
+        USE_ASM=use_asm, num_warps=num_warps, num_stages=max(1, stages),
     )  # fmt: skip
     if splits > 1:
         _decode_reduce_kernel[(B * H,)](

@@ -188,18 +188,16 @@ def _check_v2(y, q, kc, vc, ks, vs, slot_ids=None, **launch):
 
 
 @pytest.mark.parametrize("case", V2_CASES)
-@pytest.mark.parametrize("center_k", [False, True])
-def test_v2_decode_attention_matches_the_reference(case, center_k):
+def test_v2_decode_attention_matches_the_reference(case):
     B, T, H, Dh, splits = case
     y = make_projection(B, T, H, Dh, seed=3)
     kc, vc, ks, vs = empty_cache(B, T, H, Dh)
     write_cross_kv_int4_triton(y, kc, vc, ks, vs)
     q = (torch.randn(B, H, Dh, generator=torch.Generator().manual_seed(4)) * 2).half().to(DEVICE)
-    _check_v2(y, q, kc, vc, ks, vs, num_splits=splits, center_k=center_k)
+    _check_v2(y, q, kc, vc, ks, vs, num_splits=splits)
 
 
-@pytest.mark.parametrize("center_k", [False, True])
-def test_v2_reads_the_slots_given(center_k):
+def test_v2_reads_the_slots_given():
     B, T, H, Dh = 3, 300, 2, 64
     y = make_projection(B, T, H, Dh, seed=5)
     kc, vc, ks, vs = empty_cache(B, T, H, Dh)
@@ -207,9 +205,9 @@ def test_v2_reads_the_slots_given(center_k):
     q = torch.randn(5, H, Dh, generator=torch.Generator().manual_seed(6)).half().to(DEVICE)
     slots = torch.tensor([2, 0, 2, 1, 0], dtype=torch.int32, device=DEVICE)
     for splits in (1, 2):
-        _check_v2(y, q, kc, vc, ks, vs, slots, num_splits=splits, center_k=center_k)
-    alone = decode_attention_int4_v2_triton(q[1:2], kc[:1], vc[:1], ks[:1], vs[:1], center_k=center_k)
-    both = decode_attention_int4_v2_triton(q, kc, vc, ks, vs, slots, center_k=center_k)
+        _check_v2(y, q, kc, vc, ks, vs, slots, num_splits=splits)
+    alone = decode_attention_int4_v2_triton(q[1:2], kc[:1], vc[:1], ks[:1], vs[:1])
+    both = decode_attention_int4_v2_triton(q, kc, vc, ks, vs, slots)
     assert torch.allclose(both[1:2].float(), alone.float(), atol=1e-3)
 
 

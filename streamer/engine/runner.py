@@ -440,7 +440,9 @@ class Runner:
                      logprobs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dec = self.model.decoder
         hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len)
-        tokens, logprobs, every = self.rules.sample(dec.logits(hidden[:, -1]), self.state, gumbel, timestamps, logprobs_out)
+        # the logits as the projection leaves them (fp16 on a GPU): the fused sampler reads them once a pass
+        logits = dec.logits(hidden[:, -1], upcast=False)
+        tokens, logprobs, every = self.rules.sample(logits, self.state, gumbel, timestamps, logprobs_out)
         self.state.advance(tokens, self.tok.timestamp_begin)
         self.tokens_in[:b] = tokens
         # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.

@@ -45,8 +45,8 @@ class HalfWeightProjection(HalfWeightLinear):
     """`TiedProjection` over a float16 copy of the token embedding (the `embedding` argument, the
     float32 matrix, is not read)."""
 
-    def forward(self, x: Tensor, embedding: Tensor | None = None) -> Tensor:
-        return super().forward(x)
+    def forward(self, x: Tensor, embedding: Tensor | None = None, upcast: bool = True) -> Tensor:
+        return super().forward(x)  # float32 already
 
 
 def with_half_weights(model: Whisper) -> Whisper:

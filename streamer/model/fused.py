@@ -219,8 +219,9 @@ class PaddedTiedProjection(nn.Module):
         self.n_vocab = n_vocab
         self.register_buffer("padded", padded, persistent=False)
 
-    def forward(self, x: Tensor, embedding: Tensor) -> Tensor:
-        return (x @ self.padded.t())[..., :self.n_vocab].float()
+    def forward(self, x: Tensor, embedding: Tensor, upcast: bool = True) -> Tensor:
+        y = (x @ self.padded.t())[..., :self.n_vocab]
+        return y.float() if upcast else y
 
 
 def with_padded_vocabulary(decoder: nn.Module, multiple: int = 64) -> nn.Module:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from cuda_ops._triton import triton_usable
+from cuda_ops import sampler as fused_sampler
 from streamer.model.tokenizer import MAX_INITIAL_TIMESTAMP, Tokenizer
 
 NEG_INF = float("-inf")
@@ -97,7 +99,8 @@ class LogitRules:
         self.begin_ids = torch.tensor(sorted(set(begin_suppress or tok.blank_tokens)), device=device)
         # The timestamp tokens' ids [1, T], and which of them may not come first (later than 1 s).
         self.ts_ids = torch.arange(self.ts_begin, n_vocab, device=device)[None]
-        self.late_initial = self.ts_ids > self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
+        self.latest_initial = self.ts_begin + round(MAX_INITIAL_TIMESTAMP / 0.02)
+        self.late_initial = self.ts_ids > self.latest_initial
 
     def apply(self, logits: Tensor, st: SamplerState, timestamps: bool = True) -> Tensor:
         """Masked copy of `logits` [B, V] (float32) for rows in state `st` (rows 0..B-1).
@@ -154,7 +157,9 @@ class LogitRules:
         captured step), instead of a new tensor.
         """
         b = logits.shape[0]
-        logits = self.apply(logits, st, timestamps)
+        if logits.is_cuda and triton_usable(logits.device):  # the same in one kernel (cuda_ops/sampler.py)
+            return self.sample_fused(logits, st, gumbel, timestamps, logprobs_out)
+        logits = self.apply(logits.float(), st, timestamps)
         logprobs = torch.log_softmax(logits, dim=-1, out=logprobs_out)
         temp = st.temperature[:b, None]
         if gumbel is None:
@@ -162,3 +167,12 @@ class LogitRules:
         else:
             tokens = torch.where(temp > 0, logits / temp.clamp_min(1e-6) + gumbel, logits).argmax(-1)
         return tokens, logprobs.gather(1, tokens[:, None])[:, 0], logprobs
+
+    def sample_fused(self, logits: Tensor, st: SamplerState, gumbel: Tensor | None, timestamps: bool = True,
+                     logprobs_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """`sample` through cuda_ops/sampler.py's kernel (on CUDA, or the CPU under TRITON_INTERPRET=1):
+        logits in any float dtype, read once per pass instead of ~10 PyTorch passes."""
+        b = logits.shape[0]
+        return fused_sampler.sample_triton(logits, self.suppress, self.begin_ids, st.n_sampled[:b], st.last[:b], st.penultimate[:b],
+                             st.last_timestamp[:b], st.timestamps[:b], st.temperature[:b], gumbel, self.eot,
+                             self.ts_begin, self.no_timestamps, self.latest_initial, timestamps, logprobs_out)

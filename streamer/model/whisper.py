@@ -336,8 +336,9 @@ class TiedProjection(nn.Module):
     """The output projection, tied to the token embedding: logits = x @ Eᵀ in float32. It holds no
     parameter (E is passed in), so that checkpoints and state dicts hold the matrix once."""
 
-    def forward(self, x: Tensor, embedding: Tensor) -> Tensor:
-        return (x @ embedding.t()).float()
+    def forward(self, x: Tensor, embedding: Tensor, upcast: bool = True) -> Tensor:
+        y = x @ embedding.t()
+        return y.float() if upcast else y
 
 
 class TextDecoder(nn.Module):
@@ -397,9 +398,10 @@ class TextDecoder(nn.Module):
                 captured.append(qk)
         return x, captured
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        # hidden: [..., D] -> [..., n_vocab] in float32
-        return self.proj(self.ln(hidden), self.token_embedding.weight)
+    def logits(self, hidden: Tensor, upcast: bool = True) -> Tensor:
+        """hidden [..., D] -> logits [..., n_vocab] in float32, or in the model's dtype (`upcast=False`:
+        for the fused sampler, which reads them as they are)."""
+        return self.proj(self.ln(hidden), self.token_embedding.weight, upcast)
 
 
 class Whisper(nn.Module):

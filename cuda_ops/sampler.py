@@ -111,13 +111,13 @@ if triton is not None:
                 top_other = tl.maximum(top_other, tl.where(cols < tb, v, neg))
                 t = tl.where(cols >= tb, v, neg)
                 m_new = tl.maximum(m_ts, t)
-                safe = tl.where(m_new == neg, 0.0, m_new)
-                s_ts = s_ts * tl.exp(m_ts - safe) + tl.exp(t - safe)
+                shift = tl.where(m_new == neg, 0.0, m_new)  # an all -inf lane stays at sum 0
+                s_ts = s_ts * tl.exp(m_ts - shift) + tl.exp(t - shift)
                 m_ts = m_new
-            m = tl.max(m_ts, axis=0)
-            safe = tl.where(m == neg, 0.0, m)
-            total = tl.sum(s_ts * tl.exp(m_ts - safe), axis=0)
-            lse_ts = tl.where(total > 0, safe + tl.log(total), neg)
+            m_row = tl.max(m_ts, axis=0)
+            m_row = tl.where(m_row == neg, 0.0, m_row)
+            total = tl.sum(s_ts * tl.exp(m_ts - m_row), axis=0)
+            lse_ts = tl.where(total > 0, m_row + tl.log(total), neg)
             ts_first = ts_on & (lse_ts > tl.max(top_other, axis=0))
 
         # 2. log-softmax statistics and the argmax
@@ -134,19 +134,19 @@ if triton is not None:
                         text_off, begin, decr_on, lower, N_BEGIN, TIMESTAMPS)
             v = tl.where(ts_first & (cols < tb), neg, v)
             m_new = tl.maximum(m_all, v)
-            safe = tl.where(m_new == neg, 0.0, m_new)
-            s_all = s_all * tl.exp(m_all - safe) + tl.exp(v - safe)
+            shift = tl.where(m_new == neg, 0.0, m_new)
+            s_all = s_all * tl.exp(m_all - shift) + tl.exp(v - shift)
             m_all = m_new
             score = v
             if HAS_GUMBEL:
                 g = tl.load(gumbel_ptr + b.to(tl.int64) * stride_g + cols, mask=cols < V, other=0.0)
-                score = tl.where(hot, tl.math.div_rn(v, t_div) + g, v)  # IEEE division, as the reference
+                score = tl.where(hot, tl.div_rn(v, t_div) + g, v)  # IEEE division, as the reference
             better = score > best  # each lane sees its columns in increasing order: the first max wins
             best_col = tl.where(better, cols, best_col)
             best = tl.where(better, score, best)
-        m = tl.max(m_all, axis=0)
-        safe = tl.where(m == neg, 0.0, m)
-        lse = safe + tl.log(tl.sum(s_all * tl.exp(m_all - safe), axis=0))
+        m_row = tl.max(m_all, axis=0)
+        m_row = tl.where(m_row == neg, 0.0, m_row)
+        lse = m_row + tl.log(tl.sum(s_all * tl.exp(m_all - m_row), axis=0))
         top = tl.max(best, axis=0)
         token = tl.min(tl.where(best == top, best_col, 2147483647), axis=0)
         token = tl.where(token == 2147483647, 0, token)  # every column masked (never in practice): 0, as argmax

@@ -8,6 +8,7 @@ result are in `decoding.py` (no torch).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,10 @@ from cuda_ops import sampler as fused_sampler
 from streamer.model.tokenizer import MAX_INITIAL_TIMESTAMP, Tokenizer
 
 NEG_INF = float("-inf")
+FUSED_SAMPLER = os.environ.get("STREAMER_FUSED_SAMPLER", "0") == "1"
+"""`sample` on CUDA through cuda_ops/sampler.py's one kernel instead of ~30 PyTorch launches. Off until
+timed on a GPU (written in session 16 without one: its tests pass through Triton's interpreter and it
+compiles for sm_90; at one row a single program makes three passes over the vocabulary)."""
 
 
 @dataclass
@@ -157,7 +162,7 @@ class LogitRules:
         captured step), instead of a new tensor.
         """
         b = logits.shape[0]
-        if logits.is_cuda and triton_usable(logits.device):  # the same in one kernel (cuda_ops/sampler.py)
+        if FUSED_SAMPLER and logits.is_cuda and triton_usable(logits.device):
             return self.sample_fused(logits, st, gumbel, timestamps, logprobs_out)
         logits = self.apply(logits.float(), st, timestamps)
         logprobs = torch.log_softmax(logits, dim=-1, out=logprobs_out)

@@ -69,7 +69,7 @@ def test_fused_sampler_equals_the_reference(tiny, b, dtype, timestamps, hot):
         assert mass_first > 0  # some row had its text masked by the rules (the mass rule or a begin)
 
 
-def test_sample_dispatches_to_the_kernel_on_cuda_only(tiny):
+def test_the_reference_path_upcasts_fp16_logits(tiny):
     rules = LogitRules(tiny.tokenizer, tiny.dims.n_vocab, tiny.suppress_tokens, tiny.begin_suppress_tokens, "cpu")
     st = SamplerState.allocate(2, "cpu")
     logits = torch.randn(2, tiny.dims.n_vocab).half()  # fp16 logits: the reference path upcasts

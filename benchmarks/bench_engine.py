@@ -98,7 +98,7 @@ def encoder_flops(d) -> float:
 
 
 def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int | None, ceil: dict,
-               precision: str | None = None) -> list[dict]:
+               precision: str | None = None, encoder_batch: int = 16) -> list[dict]:
     from streamer.config import EngineConfig
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
@@ -106,7 +106,8 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
 
     # "PRESET+overlap": the preset with the encoder on a second stream (EngineConfig.overlap_encoder).
     precision, _, variant = (precision or "").partition("+")
-    engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=16, overlap_encoder=variant == "overlap"),
+    engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=encoder_batch,
+                                         overlap_encoder=variant == "overlap"),
                     precision=None if precision in ("", "none") else precision)
     label = f"ours {precision or 'plain'}"
     loop = asyncio.new_event_loop()
@@ -212,6 +213,8 @@ def main() -> None:
     p.add_argument("--audio", required=True, help=".npz of float16 16 kHz clips (key = file name)")
     p.add_argument("--real", action="append", default=[], help="NAME=DIR: real weights on real audio")
     p.add_argument("--hf-batches", default="1,8,32,128")
+    p.add_argument("--encoder-batch", type=int, default=16,
+                   help="windows encoded together (EngineConfig.max_encoder_batch; the committed runs used 16)")
     p.add_argument("--out", default="bench_engine.json")
     p.add_argument("--baseline", action="append", default=[], help="a recorded bench_engine JSON to compare with (repeatable)")
     p.add_argument("--precisions", default="none", help="comma list: none (plain PyTorch), full_fp16, mixed_fp8, aggressive_fp8; "
@@ -226,7 +229,8 @@ def main() -> None:
     window = np.concatenate(clips)[: 30 * 16000]  # one full 30-s window of speech for the shapes
     ceil = ceilings()
     print("ceilings:", ceil, flush=True)
-    report = {"environment": environment(), "ceilings": ceil, "tokens_forced": args.tokens, "runs": []}
+    report = {"environment": environment(), "ceilings": ceil, "tokens_forced": args.tokens,
+              "encoder_batch": args.encoder_batch, "runs": []}
     baselines = baseline.load(args.baseline)
 
     def against_baseline(runs: list[dict]) -> list[dict]:
@@ -257,7 +261,7 @@ def main() -> None:
             transcripts["transformers"] = hf_rows[-1].get("texts", [])[: len(names)]
         for precision in precisions:
             try:
-                rows, enc = bench_ours(make(), audios, run_batches, tokens, ceil, precision)
+                rows, enc = bench_ours(make(), audios, run_batches, tokens, ceil, precision, args.encoder_batch)
             except Exception as e:  # one preset failing must not lose the others' numbers
                 import traceback
 

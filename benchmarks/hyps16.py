@@ -1,12 +1,13 @@
 """A fifth hypothesis for `accurate`'s vote, cached as hyps14.py caches the other four (session 16,
 issue #12): the conditioned chain with its windows cut as openai/whisper and faster-whisper cut them
-(`_sequential(by_speech=False)`, `plain`), or the chain cut by the VAD whose window-final segments
-are decoded again at the start of the next window (`redecode_late=True`, `late`), text and segments
-per file; and `accurate-vote`, the product as the tree runs it.
+(`_sequential(by_speech=False)`, `plain`), text and segments per file; and `accurate-vote`, the
+product as the tree runs it. (`late`, in commit b2467cb only: the chain cut by the VAD with a
+window's last segment decoded again at the start of the next window when it ended within 5 s of
+the window's end; negative on messy-en-8-0, removed.)
 
     python benchmarks/hyps16.py --model tiny.en --files messy-en-8-0 --systems plain --out acc16_hyps_tiny.json
 
-Systems: `plain`, `late` (each the chain alone, 5 beams, conditioned),
+Systems: `plain` (the chain alone, 5 beams, conditioned),
 `accurate-vote` (`transcribe_accurate()`, whatever the tree's default vote is), `accurate` (the
 chain cut by the VAD, `vote=False`).
 """
@@ -22,7 +23,7 @@ from common import table, wer, write_json
 from bench_live_accuracy import recording
 
 
-CHAINS = {"plain": {"by_speech": False}, "late": {"redecode_late": True}}
+CHAINS = {"plain": {"by_speech": False}}
 """The conditioned chains measured, as `_sequential`'s options."""
 
 

@@ -48,9 +48,6 @@ MAX_PROMPT_TOKENS = 223
 ECHO_MIN_WORDS = 4
 """A window whose text opens with the previous window's last segment word for word (this many
 words or more) may be echoing its prompt: it is decoded again without one (`echoes`)."""
-LATE_S = 5.0
-"""With `redecode_late`, a full window's last segment that ends less than this before the window's
-end is dropped and decoded again at the start of the next window (`_sequential`)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
 
@@ -93,14 +90,6 @@ def complete_segments(tokens: list[int], tokenizer: Tokenizer, window_s: float) 
     """
     pieces, advance = segment_pieces(tokens, tokenizer, window_s)
     return [p[:3] for p in pieces], advance, pieces[-1][3] if pieces else 0
-
-
-def late(pieces: list[tuple[float, float, list[int], int]], window_s: float) -> bool:
-    """Whether a window's last segment (of `pieces`, window-relative seconds) is to be decoded again
-    in the next window (`redecode_late`): it ends less than `LATE_S` before the window's end and
-    starts in its second half, after another segment (so that the seek still moves on by half a
-    window or more, over the pause before it)."""
-    return len(pieces) > 1 and pieces[-1][1] > window_s - LATE_S and pieces[-1][0] >= window_s / 2
 
 
 def cut_at_skipped_speech(pieces: list[tuple[float, float, list[int], int]], speech: list[tuple[int, int]], start: int,
@@ -222,7 +211,6 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
 
 async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int, int]], options: DecodeOptions,
                       language: str | None, *, condition: bool = True, by_speech: bool = True,
-                      redecode_late: bool = False,
                       on_progress: Callable[[float], None] | None = None,
                       on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
                       on_settled: Callable[[float], None] | None = None) -> tuple[list[Window], str | None]:
@@ -233,11 +221,6 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
     whole window after a single closing timestamp or a silent window), pauses and noise decoded
     like speech; the VAD only drops segments over audio without speech (`heard`). A passage then
     sits elsewhere in its window, after other audio, than in the chain cut by the VAD.
-    With `redecode_late`, a last segment that ends within `LATE_S` of a full window's end (`late`)
-    is left to the next window, which then opens on it: at a window's
-    end the model hears little after the passage, and there the chain wrote "pre-pen" for
-    "prepend" and "color" for "caller" where a window holding the passage in its middle did not
-    (docs/notes/accuracy16.md).
     `on_settled(t)`: every segment that starts before `t` seconds has gone to `on_segments`."""
     tok = engine.tokenizer
     n = len(audio)
@@ -283,8 +266,6 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
             keep = cut_at_skipped_speech(pieces, speech, seek, tok) if by_speech else None
             if keep is not None:  # the model skipped speech: the next window starts on it
                 pieces, advance = pieces[:keep], pieces[keep - 1][1]
-            if redecode_late and late(pieces, window_s) and window.length == MAX_WINDOW_SAMPLES:
-                pieces, advance = pieces[:-1], pieces[-2][1]  # the next window opens on the last segment
             spans, consumed = [p[:3] for p in pieces], pieces[-1][3] if pieces else 0
             window.segments = heard(speech, make_segments(spans, result, tok, window))
             resume = left_out(speech, window) if by_speech else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -20,6 +21,7 @@ from streamer.config import ModelConfig, load_settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.server.app import create_app, running
+from test_longform import long_minutes  # noqa: F401 (a fixture: 2.5 minutes of shared English prompts)
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 KEY = "test-key"
@@ -107,6 +109,25 @@ def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     assert events[-1].type == "transcript.text.done"
     assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text
     assert wer(JFK, events[-1].text) < 0.1
+
+
+def test_a_streamed_accurate_response_sends_its_first_delta_early(client, long_minutes, tmp_path):
+    """`accurate` hands each voted segment on once no later window can change it (`SegmentVote`):
+    streamed through the server, 2.5 minutes of speech (several windows of each of the vote's
+    transcripts) get their first delta well before the response completes, the deltas before the
+    `done` event, and the deltas join to its text."""
+    path = tmp_path / "long.wav"
+    write_wav(path, long_minutes)
+    with open(path, "rb") as f:
+        start = time.perf_counter()
+        stream = client.audio.transcriptions.create(file=f, model="tiny.en", stream=True, extra_body={"mode": "accurate"})
+        events = [(time.perf_counter() - start, e) for e in stream]
+    (first, _), (end, done) = events[0], events[-1]
+    assert [e.type for _, e in events] == ["transcript.text.delta"] * (len(events) - 1) + ["transcript.text.done"]
+    assert len(events) >= 3, "one delta only: nothing was streamed before the end"
+    assert first < 0.75 * end, f"first delta at {first:.1f} s of {end:.1f} s"
+    assert "".join(e.delta for _, e in events[:-1]).strip() == done.text
+    print(f"first delta at {first:.1f} s, done at {end:.1f} s, {len(events) - 1} deltas")
 
 
 def test_a_quiet_stream_gets_keepalive_comments_that_clients_ignore(engine, jfk):

@@ -345,6 +345,43 @@ def test_a_recording_waits_for_queue_room_instead_of_failing(minute):
     assert wer(reference, t.text) < 0.12
 
 
+def test_the_plain_chain_cuts_its_windows_as_openai_does(engine, minute, monkeypatch):
+    """`_sequential(by_speech=False)` (session 16's fifth hypothesis, measured, not in the vote):
+    the first window opens at 0 s, not on the first speech, and each next one where openai/whisper
+    seeks, at the end of the window's last complete segment (or 30 s on), never moved to the VAD's
+    speech onsets; its text is as good as the chain cut by the VAD."""
+    from streamer.engine.request import DecodeOptions
+    from streamer.longform import accurate
+    from streamer.longform.speech import find_speech
+
+    audio, reference = minute
+    audio = np.concatenate([np.zeros(2 * SAMPLE_RATE, np.float32), audio])  # the speech starts at 2 s
+    speech = find_speech(audio)
+    decoded: dict[int, tuple[float, list[int], bool]] = {}  # window start -> (seconds, tokens, silent): the last decode
+    original = accurate.decode_window
+
+    async def recorded(engine_, window, options, *, started):
+        result = await original(engine_, window, options, started=started)
+        start = (window.__array_interface__["data"][0] - audio.__array_interface__["data"][0]) // audio.itemsize
+        decoded[start] = (len(window) / SAMPLE_RATE, list(result.tokens), result.verdict.silence)
+        return result
+
+    monkeypatch.setattr(accurate, "decode_window", recorded)
+    options = DecodeOptions(language="en")
+    windows, _ = asyncio.run(accurate._sequential(engine, audio, speech, options, "en", by_speech=False))
+    plain = " ".join(s.text for w in windows for s in w.segments)
+    starts = list(decoded)
+    assert starts == [w.start for w in windows] and starts[0] == 0 < speech[0][0] and len(windows) >= 3
+    for start, following in zip(starts, starts[1:]):
+        seconds, tokens, silence = decoded[start]
+        advance = seconds if silence else segment_pieces(tokens, engine.tokenizer, seconds)[1]
+        assert following == start + round(advance * SAMPLE_RATE)
+    monkeypatch.setattr(accurate, "decode_window", original)
+    by_speech, _ = asyncio.run(accurate._sequential(engine, audio, speech, options, "en"))
+    assert [w.start for w in by_speech][0] == speech[0][0] != 0
+    assert wer(reference, plain) <= wer(reference, " ".join(s.text for w in by_speech for s in w.segments)) + 0.02
+
+
 def test_accurate_votes_over_its_hypotheses_deterministically(engine, minute):
     """Over a minute (several windows) `accurate` votes with the unconditioned chain and both fast
     runs: the same input gives the same output, every segment keeps the chain's times and tokens

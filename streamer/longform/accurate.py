@@ -210,12 +210,17 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
 
 
 async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int, int]], options: DecodeOptions,
-                      language: str | None, *, condition: bool = True,
+                      language: str | None, *, condition: bool = True, by_speech: bool = True,
                       on_progress: Callable[[float], None] | None = None,
                       on_segments: Callable[[list[TranscriptSegment]], None] | None = None,
                       on_settled: Callable[[float], None] | None = None) -> tuple[list[Window], str | None]:
     """The windows of the sequential seek and the language; without `condition`, no window is
     prompted with the text before it (the caller's prompt still opens every window).
+    Without `by_speech`, the windows are cut as openai/whisper and faster-whisper cut them (`plain`
+    seek): the first opens at 0 s, each next one at the end of the last complete segment (the
+    whole window after a single closing timestamp or a silent window), pauses and noise decoded
+    like speech; the VAD only drops segments over audio without speech (`heard`). A passage then
+    sits elsewhere in its window, after other audio, than in the chain cut by the VAD.
     `on_settled(t)`: every segment that starts before `t` seconds has gone to `on_segments`."""
     tok = engine.tokenizer
     n = len(audio)
@@ -235,7 +240,8 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
         next_speech = next_stretch(speech, next_speech, seek)
         if next_speech == len(speech):
             break
-        seek = max(seek, speech[next_speech][0])
+        if by_speech:
+            seek = max(seek, speech[next_speech][0])
         if n - seek < MIN_WINDOW_S * SAMPLE_RATE:
             break
         window = Window(start=seek, length=min(n, seek + MAX_WINDOW_SAMPLES) - seek)
@@ -254,20 +260,20 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
         window_s = window.length / SAMPLE_RATE
         # Silence: skip the stretch of speech the window starts in, not the whole window (openai
         # skips 30 s: with pauses and noise between stretches, speech after them was lost).
-        advance = max(TIME_PRECISION, (speech[next_speech][1] - seek) / SAMPLE_RATE)
+        advance = max(TIME_PRECISION, (speech[next_speech][1] - seek) / SAMPLE_RATE) if by_speech else window_s
         if not result.verdict.silence:
             pieces, advance = segment_pieces(result.tokens, tok, window_s)
-            keep = cut_at_skipped_speech(pieces, speech, seek, tok)
+            keep = cut_at_skipped_speech(pieces, speech, seek, tok) if by_speech else None
             if keep is not None:  # the model skipped speech: the next window starts on it
                 pieces, advance = pieces[:keep], pieces[keep - 1][1]
             spans, consumed = [p[:3] for p in pieces], pieces[-1][3] if pieces else 0
             window.segments = heard(speech, make_segments(spans, result, tok, window))
-            resume = left_out(speech, window)
+            resume = left_out(speech, window) if by_speech else None
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)
             if window.segments:
                 previous = window.segments[-1].text
-            if advance < window_s:  # the seek stops at a segment's end: not on its tail before a long pause
+            if by_speech and advance < window_s:  # the seek stops at a segment's end: not on its tail before a long pause
                 advance = (open_after(speech, seek + round(advance * SAMPLE_RATE)) - seek) / SAMPLE_RATE
             if condition and result.temperature > PROMPT_RESET_TEMPERATURE:
                 prompt = []

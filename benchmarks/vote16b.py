@@ -19,7 +19,8 @@ recording's speech, `find_speech`; no model decoding). `--check` compares the de
 with the windows recorded by context16.py (acc16_context_trace*.json).
 
     python vote16b.py --grid --out acc16b_grid11.json          # the 11 files, a few constants
-    python vote16b.py --rules 'plain+acc+unp+fast+fastb5@1/8' --specs <held out> --out acc16b_held.json
+    python vote16b.py --rules 'plain+acc+unp+fast+fastb5@2/8' --out acc16b_rule11.json   # texts, runs
+    python vote16b.py --rules 'plain+acc+unp+fast+fastb5@2/8' --specs <held out> --out acc16b_held.json
 
 A rule is vote14.py's (`+`-joined names, the first the backbone) with `@LEAD/TAIL` appended;
 without `@` it is vote14's unweighted rule.
@@ -44,7 +45,6 @@ CENTRAL_WEIGHT, EDGE_WEIGHT = 5.0, 1.0
 """An edge voice weighs 1/5 of a central one, below 1 / (transcripts - 1): any number of edge
 voices weigh less than one central voice (integers, so that sums compare exactly)."""
 LAST_S = 0.5
-CHAINS = ("acc", "unp", "plain")
 FAST = ("fast", "fastb5")
 
 
@@ -166,7 +166,7 @@ def check() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rules", default="plain+acc+unp+fast+fastb5,plain+acc+unp+fast+fastb5@1/8")
-    parser.add_argument("--grid", action="store_true", help="the rules of the 11-file choice (see the notes)")
+    parser.add_argument("--grid", action="store_true", help="the rules of the 11-file choice (see the notes); errors only")
     parser.add_argument("--specs", default=",".join(SPECS))
     parser.add_argument("--plain", default="acc16_hyps_tiny.json,acc16_hyps_base.json,acc16_hyps_held_tiny.json")
     parser.add_argument("--check", action="store_true")
@@ -192,7 +192,7 @@ def main() -> None:
             if text is None:
                 continue
             e, n = errors(rec["reference"], text, rec["language"])
-            row[rule] = {"errors": e, "words": n, "text": text, "runs": log}
+            row[rule] = {"errors": e, "words": n} if args.grid else {"errors": e, "words": n, "text": text, "runs": log}
             totals[rule] += e
         rows.append(row)
         print(f"{spec:14s}" + " ".join(f"{row[r]['errors']:4d}" if r in row else "   -" for r in rules), flush=True)

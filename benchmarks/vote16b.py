@@ -21,6 +21,7 @@ with the windows recorded by context16.py (acc16_context_trace*.json).
     python vote16b.py --grid --out acc16b_grid11.json          # the 11 files, a few constants
     python vote16b.py --rules 'plain+acc+unp+fast+fastb5@2/8' --out acc16b_rule11.json   # texts, runs
     python vote16b.py --rules 'plain+acc+unp+fast+fastb5@2/8' --specs <held out> --out acc16b_held.json
+    python vote16b.py --flips 'plain+acc+unp+fast+fastb5@2/8' --out acc16b_flips.json    # what each change costs
 
 A rule is vote14.py's (`+`-joined names, the first the backbone) with `@LEAD/TAIL` appended;
 without `@` it is vote14's unweighted rule.
@@ -86,12 +87,17 @@ class PositionVote(VoteStream):
     """`VoteStream` whose weights are set per disputed run: a transcript's base weight, times
     `CENTRAL_WEIGHT` when the run is central in its windows, `EDGE_WEIGHT` when the run is not central in its windows. The rest of `_decide` as in vote.py."""
 
-    def __init__(self, windows: list[list[tuple[float, float]]], lead: float, tail: float, phrases: bool = True):
+    def __init__(self, windows: list[list[tuple[float, float]]], lead: float, tail: float, phrases: bool = True,
+                 unweighted: frozenset[int] = frozenset()):
         super().__init__(len(windows), None, phrases)
         self.windows, self.lead, self.tail = windows, lead, tail
+        self.unweighted = unweighted
+        """Disputed runs (by their number, `log`'s index) decided without the position weights."""
         self.log: list[dict] = []
 
     def run_weights(self, i: int, j: int) -> list[float]:
+        if len(self.log) in self.unweighted:
+            return list(self.weights)
         times = [w.time for k in range(i, j) for w in self.slots[k] if w is not None]
         if not times:
             return list(self.weights)
@@ -136,8 +142,10 @@ class PositionVote(VoteStream):
         return out
 
 
-def weighted(texts: dict[str, list[tuple]], fast: list[tuple[float, float]], rule: str) -> tuple[str | None, list]:
-    """The text of `rule` (`names@LEAD/TAIL`) over `texts`, and the decided runs."""
+def weighted(texts: dict[str, list[tuple]], fast: list[tuple[float, float]], rule: str,
+             unweighted: frozenset[int] = frozenset()) -> tuple[str | None, list]:
+    """The text of `rule` (`names@LEAD/TAIL`) over `texts`, and the decided runs (those numbered in
+    `unweighted` decided as without the weights)."""
     if "@" not in rule:
         return combine(texts, rule), []
     names, consts = rule.split("@")
@@ -146,10 +154,38 @@ def weighted(texts: dict[str, list[tuple]], fast: list[tuple[float, float]], rul
     if any(n not in texts for n in names):
         return None, []
     windows = [fast if n in FAST else chain_windows(texts[n]) for n in names]
-    stream = PositionVote(windows, lead, tail)
+    stream = PositionVote(windows, lead, tail, unweighted=unweighted)
     hyps = [words_of([t for _, _, t in texts[n]], [(a, b) for a, b, _ in texts[n]]) for n in names]
     words = [v for h, ws in enumerate(hyps) for v in stream.add(h, ws)]
     return " ".join(v.word.text for v in words), stream.log
+
+
+def flipped(run: dict) -> bool:
+    """Whether the weights changed the winner of a logged run (phrase step only)."""
+    said, weights = run["said"], run["weights"]
+    if len(set(said)) == len(said):
+        return False
+    return _winner(said, weights) != _winner(said, [1.0] * len(said))
+
+
+def flips(data: dict, specs: list[str], rule: str) -> list[dict]:
+    """Each run the weights decided otherwise, and the word errors it adds (decided as without the
+    weights, that run alone)."""
+    out = []
+    for spec in specs:
+        rec = recording(spec)
+        texts, fast = data[rec["name"]], fast_windows(rec["audio"])
+        text, log = weighted(texts, fast, rule)
+        base = errors(rec["reference"], text, rec["language"])[0]
+        for k, run in enumerate(log):
+            if flipped(run):
+                other = weighted(texts, fast, rule, frozenset({k}))[0]
+                delta = base - errors(rec["reference"], other, rec["language"])[0]
+                out.append({"spec": spec, "t": run["t"], "said": run["said"], "weights": run["weights"],
+                            "winner": _winner(run["said"], run["weights"]), "errors_added": delta})
+                print(f"{spec:14s} {run['t']:7.1f} {delta:+d}  {out[-1]['winner'][:30]!r:32s} "
+                      + " ".join(f"{p[:16]}:{w:g}" for p, w in zip(run["said"], run["weights"])), flush=True)
+    return out
 
 
 def check() -> None:
@@ -170,10 +206,17 @@ def main() -> None:
     parser.add_argument("--specs", default=",".join(SPECS))
     parser.add_argument("--plain", default="acc16_hyps_tiny.json,acc16_hyps_base.json,acc16_hyps_held_tiny.json")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--flips", default="", help="a weighted rule: the runs it decides otherwise and their cost")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     if args.check:
         return check()
+    if args.flips:
+        out = flips(load_all(args.plain.split(",")), args.specs.split(","), args.flips)
+        print("errors added, total:", sum(f["errors_added"] for f in out))
+        if args.out:
+            print("wrote", write_json(args.out, {"rule": args.flips, "flips": out}))
+        return None
     rules = args.rules.split(",")
     if args.grid:
         rules = ["acc+unp+fast+fastb5", "plain+acc+unp+fast+fastb5"]

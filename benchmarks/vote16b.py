@@ -39,7 +39,7 @@ from vote16 import HELD_OUT, load_all
 from bench_live_accuracy import recording
 
 from streamer.engine.request import SAMPLE_RATE
-from streamer.longform.vote import VoteStream, Voted, _winner, words_of
+from streamer.longform.vote import VoteStream, _winner, words_of
 
 FRAME_S = 30.0
 CENTRAL_WEIGHT, EDGE_WEIGHT = 5.0, 1.0
@@ -85,7 +85,8 @@ def central(windows: list[tuple[float, float]], t0: float, t1: float, lead: floa
 
 class PositionVote(VoteStream):
     """`VoteStream` whose weights are set per disputed run: a transcript's base weight, times
-    `CENTRAL_WEIGHT` when the run is central in its windows, `EDGE_WEIGHT` when the run is not central in its windows. The rest of `_decide` as in vote.py."""
+    `CENTRAL_WEIGHT` when the run is central in its windows, `EDGE_WEIGHT` when it is not (vote.py's
+    `run_weights` hook); each disputed run logged in `log`."""
 
     def __init__(self, windows: list[list[tuple[float, float]]], lead: float, tail: float, phrases: bool = True,
                  unweighted: frozenset[int] = frozenset()):
@@ -95,51 +96,17 @@ class PositionVote(VoteStream):
         """Disputed runs (by their number, `log`'s index) decided without the position weights."""
         self.log: list[dict] = []
 
-    def run_weights(self, i: int, j: int) -> list[float]:
-        if len(self.log) in self.unweighted:
-            return list(self.weights)
-        times = [w.time for k in range(i, j) for w in self.slots[k] if w is not None]
-        if not times:
-            return list(self.weights)
-        t0, t1 = min(times), max(times)
-        return [b * (CENTRAL_WEIGHT if central(win, t0, t1, self.lead, self.tail) else EDGE_WEIGHT)
-                for b, win in zip(self.weights, self.windows)]
-
-    def _decide(self) -> list[Voted]:
-        slots, out = self.slots, []
-
-        def take(h: int, k: int) -> None:
-            out.append(Voted(slots[k][h], h, self.segment[k]))
-
-        i = self.decided
-        while i < len(slots):
-            j = i
-            while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
-                j += 1
-            if j == i:
-                take(0, i)
-                i += 1
-                continue
-            if j == len(slots) and not self.closed:
-                break
-            weights = self.run_weights(i, j)
-            said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(len(weights))]
-            if self.phrases and len(set(said)) < len(said):
-                h = said.index(_winner(said, weights))
-                for k in range(i, j):
-                    if slots[k][h] is not None:
-                        take(h, k)
-            else:
-                for k in range(i, j):
-                    keys = [None if w is None else w.key for w in slots[k]]
-                    key = _winner(keys, weights)
-                    if key is not None:
-                        take(keys.index(key), k)
-            self.log.append({"t": round(min((w.time for k in range(i, j) for w in slots[k] if w), default=0), 1),
-                             "said": said, "weights": weights})
-            i = j
-        self.decided = i
-        return out
+    def run_weights(self, i: int, j: int, said: list[str]) -> list[float]:
+        slots = self.slots
+        times = [w.time for k in range(i, j) for w in slots[k] if w is not None]
+        if len(self.log) in self.unweighted or not times:
+            weights = list(self.weights)
+        else:
+            t0, t1 = min(times), max(times)
+            weights = [b * (CENTRAL_WEIGHT if central(win, t0, t1, self.lead, self.tail) else EDGE_WEIGHT)
+                       for b, win in zip(self.weights, self.windows)]
+        self.log.append({"t": round(min(times, default=0), 1), "said": said, "weights": weights})
+        return weights
 
 
 def weighted(texts: dict[str, list[tuple]], fast: list[tuple[float, float]], rule: str,

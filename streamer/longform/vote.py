@@ -316,6 +316,11 @@ class VoteStream:
         self.slots += slots
         self.closed = closed
 
+    def run_weights(self, i: int, j: int, said: list[str]) -> list[float]:
+        """The hypotheses' weights for the disputed run of slots [i, j) (each one's phrase in `said`):
+        `weights`, whatever the run (a measurement may weigh runs otherwise: benchmarks/vote16b.py)."""
+        return self.weights
+
     def _decide(self) -> list[Voted]:
         slots, out = self.slots, []
 
@@ -334,15 +339,16 @@ class VoteStream:
             if j == len(slots) and not self.closed:
                 break  # the run may go on
             said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(len(self.weights))]
+            weights = self.run_weights(i, j, said)
             if self.phrases and len(set(said)) < len(said):
-                h = said.index(_winner(said, self.weights))
+                h = said.index(_winner(said, weights))
                 for k in range(i, j):
                     if slots[k][h] is not None:
                         take(h, k)
             else:
                 for k in range(i, j):
                     keys = [None if w is None else w.key for w in slots[k]]
-                    key = _winner(keys, self.weights)
+                    key = _winner(keys, weights)
                     if key is not None:
                         take(keys.index(key), k)
             i = j

@@ -14,7 +14,7 @@ import time
 from common import write_json
 
 from bench_live_accuracy import recording
-from hyps16 import CHAINS, chain
+from hyps14 import CHAINS, chain
 
 
 def main() -> None:

@@ -6,7 +6,8 @@
 Systems: `accurate` (the conditioned chain alone, `vote=False`: main before session 14),
 `accurate-vote` (what `accurate` does since session 14: the chain, voted on), `unprompted` (the same sequential seek and 5 beams,
 every window decoded without the previous-text prompt: `accurate.decode_window` wrapped to drop
-`prompt_tokens`), `fast` (greedy) and `fast-b5` (fast's windows, 5 beams).
+`prompt_tokens`), `fast` (greedy) and `fast-b5` (fast's windows, 5 beams); since session 16 also
+`plain` (the conditioned chain with its windows cut as openai/whisper cuts them, `CHAINS`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,29 @@ from common import table, wer, write_json
 from bench_live_accuracy import recording
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+CHAINS = {"plain": {"by_speech": False}}
+"""Conditioned chains measured on their own, as `_sequential`'s options (session 16)."""
+
+
+async def chain(engine, audio, options, **kw):
+    """A conditioned chain (`_sequential` with the options `kw`), joined into a transcript."""
+    from streamer.engine.request import SAMPLE_RATE
+    from streamer.longform.accurate import _sequential
+    from streamer.longform.speech import find_speech
+    from streamer.longform.transcript import join
+
+    speech = await asyncio.to_thread(find_speech, audio)
+    windows, language = await _sequential(engine, audio, speech, options, options.language, **kw)
+    return join(windows, language=language, duration=len(audio) / SAMPLE_RATE, task=options.task)
+
+
+def main(doc: str = __doc__, files: str = "messy-en-8-1", systems: str = "unprompted,fast,fast-b5",
+         out: str = "hyps14.json") -> None:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny.en")
-    parser.add_argument("--files", default="messy-en-8-1")
-    parser.add_argument("--systems", default="unprompted,fast,fast-b5")
-    parser.add_argument("--out", default="hyps14.json")
+    parser.add_argument("--files", default=files)
+    parser.add_argument("--systems", default=systems)
+    parser.add_argument("--out", default=out)
     args = parser.parse_args()
 
     from streamer.config import ModelConfig, load_settings
@@ -50,7 +68,9 @@ def main() -> None:
             mode = "fast" if system.startswith("fast") else "accurate"
             options = DecodeOptions(language=rec["language"], beam_size=5 if system == "fast-b5" else 1)
             t0 = time.perf_counter()
-            if mode == "accurate":
+            if system in CHAINS:
+                transcript = asyncio.run(chain(engine, rec["audio"], options, **CHAINS[system]))
+            elif mode == "accurate":
                 transcript = asyncio.run(transcribe_accurate(engine, rec["audio"], options, vote=system == "accurate-vote"))
             else:
                 transcript = asyncio.run(transcribe_long(engine, rec["audio"], mode=mode, options=options))

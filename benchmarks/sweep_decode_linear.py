@@ -4,7 +4,8 @@ STREAMER_DECODE_LINEAR=<its path>). On the H200 (session 16) cuBLAS won nearly e
 cuda_ops/decode_linear.py and docs/benchmarks.md.
 
 Each measurement is a CUDA graph of 32 calls, each with its own weight (as the 32 layers of a
-large-v3 step: weights come from HBM, not L2), replayed; µs per call. cuBLAS is F.linear, and for
+large-v3 step: weights come from HBM, not L2), replayed; µs per call (the median of 10 replays;
+session 16's run took the mean). cuBLAS is F.linear, and for
 fc1 F.linear then our GELU kernel (what the step ran before). Every candidate launch is checked
 against the fp32 reference first. A (shape, rows) goes to the kernel only where its best launch is
 at least MARGIN faster than cuBLAS; the table maps each row count up to the next measured one.
@@ -23,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench_attention import capture, replay_us
 from common import environment, table, write_json
 
 MARGIN = 0.97
@@ -45,24 +47,10 @@ def candidates(m: int, k: int):
             yield GemmLaunch(bm, bn, bk, split, 4, 3)
 
 
-def per_call_us(fn, replays: int = 10) -> float:
-    """µs per call of fn(i) for i in range(LAYERS), captured in one graph and replayed."""
-    for i in range(LAYERS):  # compile, allocate outside the capture
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(LAYERS):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / (replays * LAYERS)
+def per_call_us(fn) -> float:
+    """µs per call of fn(i) for i in range(LAYERS), captured in one graph (bench_attention's)."""
+    calls = [lambda i=i: fn(i) for i in range(LAYERS)]
+    return replay_us(capture(calls), calls, reps=10)
 
 
 def main() -> None:

@@ -97,8 +97,8 @@ def decode_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None, gelu
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -> Tensor:
     """F.linear(x, weight, bias) (then GELU, as `fp8.bias_gelu`) for x [..., K]: the split-K kernel for
     a decode step's rows on CUDA where `choose_launch` has a launch, else cuBLAS."""
-    rows = x.numel() // x.shape[-1]
-    if x.is_cuda and x.dtype == torch.float16 and weight.dtype == torch.float16 and triton_usable(x.device):
+    if MODE != "off" and x.is_cuda and x.dtype == weight.dtype == torch.float16 and triton_usable(x.device):
+        rows = x.numel() // x.shape[-1]
         launch = choose_launch(rows, weight.shape[0], weight.shape[1], num_sms(x.device))
         if launch is not None:
             return decode_linear_triton(x, weight, bias, gelu, launch)

@@ -17,7 +17,7 @@ if [ -n "$missing" ]; then
   return 2 2>/dev/null || exit 2
 fi
 
-PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $T/site $S/wheels/*.whl || { return 2 2>/dev/null || exit 2; }
+PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $T/site $S/wheels/*.whl $(ls $S/wheels_b/*.whl 2>/dev/null) || { return 2 2>/dev/null || exit 2; }
 export PATH=$T/site/bin:$PATH PYTHONPATH=$PWD:$T/site PYTHONUNBUFFERED=1 STREAMER_AUDIO_DIR=$S/audio INPUTS=$S/inputs
 
 join_model() {  # join_model NAME DEST PART_DIRS... : model.bin from the parts, then its hash

@@ -120,6 +120,32 @@ def _finals(events: list[dict]) -> str:
     return _words(" ".join(e["text"] for e in events if e["type"] == "final"))
 
 
+def test_a_burst_of_connections_as_soon_as_the_server_is_healthy_spreads_over_the_gateways(served):
+    """First in this file: right after `/health` says ok. It says so only once every gateway
+    serves (before, the first one up took every connection, and HTTP clients keep theirs open),
+    and each gateway takes one connection from the shared socket at a time (uvloop took all the
+    queued ones at once: a burst of 32 uploads all went to one gateway of eight)."""
+    base, _ = served
+    url = base.replace("http://", "ws://")
+    N = 16
+
+    async def burst() -> list[float]:
+        sockets = await asyncio.gather(*(websockets.connect(url + "/v1/stream") for _ in range(N)))
+        try:
+            for ws in sockets:
+                await ws.send(json.dumps({"type": "start", "partials": False}))
+            await asyncio.gather(*(_recv(ws) for ws in sockets))  # `ready`: every session is held
+            with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+                body = r.read().decode()
+            return [float(v) for v in re.findall(r"^streamer_gateway_sessions\{[^}]*\} ([0-9.]+)", body, re.M)]
+        finally:
+            await asyncio.gather(*(ws.close() for ws in sockets))
+
+    held = sorted(asyncio.run(burst()))
+    assert len(held) == 2 and sum(held) == N, held
+    assert held[0] >= N // 4, held  # 8 / 8 here; every one on one gateway before
+
+
 def test_two_gateways_and_two_cores_serve_streams_and_uploads(served, jfk, jfk_path):
     base, _ = served
     health = _health(base)

@@ -29,10 +29,12 @@ from starlette.staticfiles import StaticFiles
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.server import deepgram, files, realtime, redact, twilio
+from streamer.server.accept import SharedAcceptor
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.openai_http import RequestIdMiddleware, api_fallback
 from streamer.server.origin import OriginMiddleware, OriginPolicy
+from streamer.server.relay import Peers
 from streamer.server.socket_stream import TransportTap
 from streamer.server.state import ServerState
 from streamer.server.stream import stream_endpoint
@@ -54,8 +56,15 @@ async def health(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.streamer
     engine = state.engine
     up = engine is not None and engine.ready
+    peers = Peers.of(state.settings.server)
+    if state.shutting_down:
+        status = "shutting_down"
+    elif up:
+        status = "ok" if peers is None or peers.all_serving() else "starting"  # the other gateways
+    else:
+        status = "loading" if engine is None else "engine_down"
     body = {
-        "status": "shutting_down" if state.shutting_down else ("ok" if up else ("loading" if engine is None else "engine_down")),
+        "status": status,
         "model": engine.model_name if engine is not None else None,
         "device": engine.device if engine is not None else None,
         "sessions": len(state.sessions),
@@ -158,21 +167,45 @@ def create_app(settings: Settings, engine: Engine | None = None,
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn, with the streams drained before its own shutdown closes their sockets."""
+    """uvicorn, with the streams drained before its own shutdown closes their sockets.
 
-    def __init__(self, config: uvicorn.Config, state: ServerState):
+    `shared_listener`: a listening socket shared with other gateway processes, accepted from one
+    connection at a time (`server/accept.py`) besides the sockets given to `run`."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, shared_listener: socket.socket | None = None):
         super().__init__(config)
         self.state = state
+        self.shared_listener = shared_listener
+        self.acceptor: SharedAcceptor | None = None
+        self.on_serving: Callable[[], None] | None = None
+        """Called once every socket accepts connections."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.shared_listener is not None and not self.should_exit:
+            config = self.config
+
+            def protocol() -> asyncio.Protocol:  # what uvicorn's own servers make per connection
+                return config.http_protocol_class(config=config, server_state=self.server_state,
+                                                  app_state=self.lifespan.state)
+
+            self.acceptor = SharedAcceptor(self.shared_listener, protocol, config.ssl)
+            self.acceptor.start()
+        if self.on_serving is not None and not self.should_exit:
+            self.on_serving()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.acceptor is not None:
+            self.acceptor.close()
         for server in self.servers:  # stop accepting before draining (uvicorn does it again, harmlessly)
             server.close()
         await self.state.drain()
         await super().shutdown(sockets)
 
 
-def build_server(app: Starlette, host: str, port: int) -> GracefulServer:
-    """uvicorn with uvloop and the `websockets` library, limits from the app's settings.
+def build_server(app: Starlette, host: str, port: int, shared_listener: socket.socket | None = None) -> GracefulServer:
+    """uvicorn with uvloop and the `websockets` library, limits from the app's settings
+    (`shared_listener`: see `GracefulServer`).
 
     `websockets-sansio` is uvicorn's implementation on the library's current API; its `websockets`
     one runs on the library's deprecated legacy API (same behaviour, tests pass with both)."""
@@ -191,7 +224,7 @@ def build_server(app: Starlette, host: str, port: int) -> GracefulServer:
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5, log_level="info",
         ssl_certfile=settings.server.ssl_certfile, ssl_keyfile=settings.server.ssl_keyfile)
     redact.install()  # after uvicorn.Config: it (re)configures the logging handlers
-    return GracefulServer(config, app.state.streamer)
+    return GracefulServer(config, app.state.streamer, shared_listener)
 
 
 @contextlib.contextmanager

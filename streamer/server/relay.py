@@ -61,13 +61,34 @@ class Peers:
     worker: int
     tls: bool = False
     """The app is served with TLS, on the Unix sockets too (uvicorn applies it to every socket)."""
+    workers: int = 1
+    """Gateway workers of the supervisor, this one included."""
 
     @classmethod
     def of(cls, server: ServerConfig) -> "Peers | None":
         """None for a gateway that runs alone (WORKERS=0, tests that build the app)."""
         if not server.peer_dir:
             return None
-        return cls(server.peer_dir, server.worker_id, tls=bool(server.ssl_certfile))
+        return cls(server.peer_dir, server.worker_id, tls=bool(server.ssl_certfile), workers=server.workers or 1)
+
+    # --- readiness -----------------------------------------------------------------------------------
+
+    def _serving(self) -> str:
+        return os.path.join(self.directory, "serving")
+
+    def mark_serving(self) -> None:
+        """This worker accepts connections (kept across its restarts: the server was whole once)."""
+        os.makedirs(self._serving(), exist_ok=True)
+        open(os.path.join(self._serving(), f"gw{self.worker}"), "w").close()
+
+    def all_serving(self) -> bool:
+        """Every worker has accepted connections. Until then the first ones up take every
+        connection: HTTP clients keep them open and reuse them (keep-alive), so a burst of uploads
+        right after start stayed on one gateway of eight (`health` says `starting` meanwhile)."""
+        try:
+            return len(os.listdir(self._serving())) >= self.workers
+        except FileNotFoundError:
+            return False
 
     def socket_path(self, worker: int) -> str:
         return os.path.join(self.directory, f"gw{worker}.sock")

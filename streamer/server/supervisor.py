@@ -103,13 +103,16 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
 
     client = EngineClient(addresses, settings.engine, gateway=f"gw{index}-{os.getpid()}")
     app = create_app(settings, connect=client.start)
-    sock = listener
-    if sock is None:
-        sock = reuse_port_socket(settings.server.host, port)
-        sock.listen(BACKLOG)
     peers = Peers.of(settings.server)
     peers.release_all()
-    build_server(app, settings.server.host, port).run(sockets=[sock, peers.listen()])
+    if listener is not None:  # shared: accepted one connection at a time (server/accept.py)
+        server, sockets = build_server(app, settings.server.host, port, shared_listener=listener), [peers.listen()]
+    else:
+        sock = reuse_port_socket(settings.server.host, port)
+        sock.listen(BACKLOG)
+        server, sockets = build_server(app, settings.server.host, port), [sock, peers.listen()]
+    server.on_serving = peers.mark_serving
+    server.run(sockets=sockets)
 
 
 def _core_main(spec: "CoreSpec") -> None:
@@ -134,6 +137,9 @@ class Supervisor:
                                output_address=f"ipc://{self.rundir}/core{i}-out")
                       for i, d in enumerate(devices)]
         self.n_workers = settings.server.workers if settings.server.workers is not None else default_workers()
+        # The gateways know how many they are (`Peers.all_serving`).
+        self.settings = settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server,
+                                                                                          workers=self.n_workers))
         if settings.server.accept not in ACCEPT_MODES:
             raise ValueError(f"GATEWAY_ACCEPT must be one of {', '.join(ACCEPT_MODES)}, not {settings.server.accept!r}")
         # Held for the supervisor's life: port 0 becomes a real port, and no other program takes

@@ -53,8 +53,6 @@ class SharedAcceptor:
         while True:
             try:
                 conn, _ = await loop.sock_accept(self.listener)
-            except asyncio.CancelledError:
-                raise
             except OSError as e:  # e.g. EMFILE: wait, as the loop's own server does, instead of spinning
                 log.warning("accept failed: %s", e)
                 await asyncio.sleep(0.1)

@@ -27,7 +27,7 @@ import pytest
 import websockets
 
 from streamer.audio.decode import decode_audio
-from streamer.loadtest.client import stop_server
+from streamer.loadtest.client import _server_samples, server_side, stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 240
@@ -175,6 +175,9 @@ def test_two_gateways_and_two_cores_serve_streams_and_uploads(served, jfk, jfk_p
     busy = {line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
             if line.startswith("streamer_engine_core_busy_seconds_total{")}
     assert set(busy) == {"0", "1"} and all(v > 0 for v in busy.values()), busy
+    # The load test reports each core's busy share from the same samples (issue 19's routing check).
+    side = server_side({}, _server_samples(base), wall_s=1.0)
+    assert [float(v) for v in side["core_busy"].split("/")] == pytest.approx([busy["0"], busy["1"]], abs=0.011)
     assert "streamer_engine_cores_up 2.0" in metrics
     # A gateway holds sockets, VAD and sessions, never torch (its memory and start-up are the
     # engine cores' business): after serving streams and an upload, the

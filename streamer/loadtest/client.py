@@ -263,7 +263,8 @@ SERVER_SAMPLES = ("streamer_window_seconds_sum", "streamer_window_seconds_count"
                   "streamer_event_loop_lag_seconds", "streamer_partial_interval_seconds_sum",
                   "streamer_partial_interval_seconds_count", "streamer_engine_ipc_received_bytes_total",
                   "streamer_engine_ipc_sent_bytes_total", "streamer_engine_ipc_cpu_seconds_total",
-                  "streamer_partial_cadence_seconds", "streamer_gateway_sessions")
+                  "streamer_partial_cadence_seconds", "streamer_gateway_sessions",
+                  "streamer_engine_core_busy_seconds_total")
 LAG_POLL_S = 0.25
 """How often the gateway's event-loop lag is read during a run (its peak is reported)."""
 
@@ -275,8 +276,9 @@ def _server_samples(http_url: str) -> dict[str, float]:
     with contextlib.suppress(OSError, ValueError):
         with urllib.request.urlopen(http_url + "/metrics", timeout=5) as response:
             text = response.read().decode()
-        # Labels that split a sample: `kind` (final/partial), `pid` (a gateway worker's loop lag).
-        return {":".join([s.name] + [s.labels[k] for k in ("kind", "pid") if k in s.labels]): s.value
+        # Labels that split a sample: `kind` (final/partial), `pid` (a gateway worker's loop lag),
+        # `core` (an engine core's busy time).
+        return {":".join([s.name] + [s.labels[k] for k in ("kind", "pid", "core") if k in s.labels]): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples if s.name in SERVER_SAMPLES}
     return {}
 
@@ -354,6 +356,8 @@ def server_side(before: dict[str, float], after: dict[str, float], wall_s: float
         return d[f"{name}_sum:{kind}"] / n if n else None
 
     steps, busy = d.get("streamer_engine_steps_total", 0.0), d.get("streamer_engine_busy_seconds_total", 0.0)
+    per_core = sorted((int(k.rpartition(":")[2]), v) for k, v in d.items()
+                      if k.startswith("streamer_engine_core_busy_seconds_total:"))
     return {"final_window_s": mean("streamer_window_seconds", "final"),
             "final_first_token_s": mean("streamer_window_queue_wait_seconds", "final"),
             "partial_window_s": mean("streamer_window_seconds", "partial"),
@@ -364,7 +368,9 @@ def server_side(before: dict[str, float], after: dict[str, float], wall_s: float
             "partial_interval_s": (d.get("streamer_partial_interval_seconds_sum", 0.0)
                                    / d["streamer_partial_interval_seconds_count"]
                                    if d.get("streamer_partial_interval_seconds_count") else None),
-            "engine_busy": busy / wall_s if wall_s else None}
+            "engine_busy": busy / wall_s if wall_s else None,
+            # Each core's share of the run spent in steps (several cores: is the routing keeping all busy?)
+            "core_busy": "/".join(f"{v / wall_s:.2f}" for _, v in per_core) if wall_s and per_core else None}
 
 
 def _health(http_url: str) -> dict | None:
@@ -422,7 +428,7 @@ COLUMNS = ["clients", "failed", "ttfp_p50", "ttfp_p95", "ttfp_p99", "final_p50",
 
 
 SERVER_COLUMNS = ["clients", "final_window_s", "final_first_token_s", "partial_window_s", "engine_steps", "step_ms",
-                  "engine_busy", "loop_lag_max_s", "partial_interval_s", "cadence_max_s", "ipc_MBps", "ipc_cpu"]
+                  "engine_busy", "core_busy", "loop_lag_max_s", "partial_interval_s", "cadence_max_s", "ipc_MBps", "ipc_cpu"]
 
 
 def fairness(url: str, args) -> dict:

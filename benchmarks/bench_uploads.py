@@ -48,7 +48,7 @@ from messy import messy_join
 from streamer.audio import SAMPLE_RATE
 
 COLUMNS = ["model", "system", "uploads", "files", "audio_s", "wall_s", "audio_s_per_s", "vs_transformers",
-           "wer_%", "latency_p50_s"]
+           "wer_%", "latency_p50_s", "core_busy"]
 WARM_S = 60
 """Seconds of the first recording that warm each system up, as many copies at once as the largest
 N (per mode for ours), so that the measured runs meet no batch size for the first time."""
@@ -131,10 +131,15 @@ def bench_ours(label: str, url: str, mode: str, args, files: list[Recording], re
     rows = []
     warm = recording("warm", files[0].audio[: WARM_S * SAMPLE_RATE], "")
     asyncio.run(upload_all(url, [warm] * max(args.uploads), mode, args.timeout))
+    from streamer.loadtest.client import _server_samples, server_side
+
     for n in args.uploads:
         recs = batch(files, n)
+        before = _server_samples(url)
         wall, texts, latencies = asyncio.run(upload_all(url, recs, mode, args.timeout))
         rows.append(row(label, f"ours {mode}", recs, wall, texts, latencies))
+        # each engine core's busy share (several GPUs: are an upload's windows spread over all?)
+        rows[-1]["core_busy"] = server_side(before, _server_samples(url), wall)["core_busy"]
         record(rows[-1], args, report)
     return rows
 

@@ -2,13 +2,14 @@
 this worker's event loop.
 
 uvloop (libuv) accepts every queued connection when the socket becomes readable, so a burst of
-connections went to whichever gateway woke first: 32 uploads sent at once all landed on one of
-four gateways, and that one process decoded and scored (VAD) every file while the others idled
-(H200, 32 uploads of tiny.en `fast`: 953 audio s/s against 2,182 before the shared socket, same
-call, session 17). Here each gateway takes one connection, then lets its loop run before it
-takes the next: every gateway is woken by a new connection, an idle one comes back for the next at
-once, a busy one later, so a burst spreads over the free gateways and the load still follows
-their capacity (what the shared socket is for, `server/supervisor.py`).
+connections went to whichever gateway woke first: 32 WebSockets opened at once over four warm
+gateways landed 0 / 8 / 9 / 15 (and all 32 on one while the others were still starting, which
+`Peers.all_serving` now keeps `/health` from hiding: with keep-alive HTTP clients that pinned 32
+uploads to one gateway of eight on the H200, 953 audio s/s against 2,182, session 17). Here each
+gateway takes one connection, then lets its loop run before it takes the next: every gateway is
+woken by a new connection, an idle one comes back for the next at once, a busy one later, so a
+burst spreads over the free gateways (7 / 7 / 8 / 10) and the load still follows their capacity
+(what the shared socket is for, `server/supervisor.py`).
 """
 
 from __future__ import annotations

@@ -455,12 +455,30 @@ class Runner:
 
     def warmup(self) -> None:
         """Capture every graph bucket up to the slot count now, not on the first busy step."""
+        if self.device.type == "cuda":
+            self._warm_sampler()
         if self.use_graphs:
             with torch.inference_mode():
                 for b in GRAPH_BUCKETS:
                     if b > self.n_slots:
                         break
                     self._graph(b)
+
+    def _warm_sampler(self) -> None:
+        """Sample once in every form a step may take (logits as the step or the prefill leaves
+        them, with and without timestamp rules, greedy or with Gumbel noise), so that the fused
+        sampler's Triton variants compile now: each is compiled on its first use, ~1 s in which
+        the engine thread, and every stream with it, would wait (the first sampled fallback of a
+        live server, the first window without timestamps)."""
+        V = self.dims.n_vocab
+        state = self.state.rows(slice(0, 1))  # read only: `sample` does not advance the state
+        with torch.inference_mode():
+            for dtype in {next(self.model.parameters()).dtype, torch.float32}:
+                logits = torch.zeros(1, V, dtype=dtype, device=self.device)
+                for timestamps in (True, False):
+                    for gumbel in (None, torch.zeros(1, V, device=self.device)):
+                        self.rules.sample(logits, state, gumbel, timestamps)
+        torch.cuda.synchronize(self.device)
 
     def _graph(self, b: int):
         if self.gumbel is None:

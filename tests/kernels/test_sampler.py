@@ -75,3 +75,31 @@ def test_the_reference_path_upcasts_fp16_logits(tiny):
     logits = torch.randn(2, tiny.dims.n_vocab).half()  # fp16 logits: the reference path upcasts
     tokens, lp, every = rules.sample(logits, st, None)
     assert every.dtype == torch.float32 and torch.equal(tokens, every.argmax(-1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused sampler runs on CUDA (Triton JIT)")
+def test_the_engine_compiles_every_sampler_variant_before_it_serves():
+    """Each Triton variant compiles on first use (~1 s, the engine thread and every stream waiting):
+    `Runner.warmup` samples in every form a step or a prefill may take, so none compiles later."""
+    import triton
+
+    from streamer.config import ModelConfig
+    from streamer.engine.engine import Engine
+
+    engine = Engine.load(ModelConfig(model="tiny.en", device="cuda"))
+    runner = engine.runner
+    compiled = []
+    triton.knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiled.append(repr((a, k)))
+    try:
+        V, state = runner.dims.n_vocab, runner.state.rows(slice(0, 1))
+        for dtype in (torch.float16, torch.float32):
+            for timestamps in (True, False):
+                for gumbel in (None, torch.zeros(1, V, device="cuda")):
+                    runner.rules.sample(torch.randn(1, V, device="cuda").to(dtype), state, gumbel, timestamps)
+        assert not [c for c in compiled if "_sample_kernel" in c], compiled
+        # the hook does see a compile: a form no step takes (bfloat16 logits) compiles here
+        runner.rules.sample(torch.randn(1, V, device="cuda").to(torch.bfloat16), state, None, True)
+        assert [c for c in compiled if "_sample_kernel" in c]
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = None
+        engine.close()

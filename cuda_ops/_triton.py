@@ -27,8 +27,8 @@ except ImportError:  # CPU-only install: kernels are defined but never launched
     tl = SimpleNamespace(constexpr=None)
     HAVE_TRITON = False
 
-    def jit(fn):
-        return fn
+    def jit(fn=None, **_options):  # as triton.jit: @jit or @jit(do_not_specialize=...)
+        return fn if fn is not None else (lambda f: f)
 
 
 def interpreter_active() -> bool:

@@ -73,7 +73,9 @@ if triton is not None:
             off = off | (is_ts & (after_pair | (decr_on & (cols < lower)) | (begin & (cols > late))))
         return tl.where(off, float("-inf"), x)
 
-    @jit
+    # The per-row state is read at the slots' offset (a prefill's rows start at any slot): no
+    # variant per pointer alignment, which would compile (~1 s) the first time a new one comes.
+    @jit(do_not_specialize=["n_ptr", "last_ptr", "pen_ptr", "last_ts_ptr", "ts_on_ptr", "temp_ptr"])
     def _sample_kernel(
         logits_ptr, stride_l, gumbel_ptr, stride_g, suppress_ptr, begin_ptr,
         n_ptr, last_ptr, pen_ptr, last_ts_ptr, ts_on_ptr, temp_ptr,

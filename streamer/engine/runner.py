@@ -470,11 +470,12 @@ class Runner:
         sampler's Triton variants compile now: each is compiled on its first use, ~1 s in which
         the engine thread, and every stream with it, would wait (the first sampled fallback of a
         live server, the first window without timestamps)."""
-        V = self.dims.n_vocab
+        dec, V = self.model.decoder, self.dims.n_vocab
         state = self.state.rows(slice(0, 1))  # read only: `sample` does not advance the state
         with torch.inference_mode():
-            for dtype in {next(self.model.parameters()).dtype, torch.float32}:
-                logits = torch.zeros(1, V, dtype=dtype, device=self.device)
+            hidden = dec.token_embedding.weight[:1]
+            # as a step and a prefill leave them: dtype and row stride are part of a variant's key
+            for logits in (dec.logits(hidden, upcast=False), dec.logits(hidden)):
                 for timestamps in (True, False):
                     for gumbel in (None, torch.zeros(1, V, device=self.device)):
                         self.rules.sample(logits, state, gumbel, timestamps)

@@ -91,14 +91,17 @@ def test_the_engine_compiles_every_sampler_variant_before_it_serves():
     compiled = []
     triton.knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiled.append(repr((a, k)))
     try:
-        V, state = runner.dims.n_vocab, runner.state.rows(slice(0, 1))
-        for dtype in (torch.float16, torch.float32):
-            for timestamps in (True, False):
-                for gumbel in (None, torch.zeros(1, V, device="cuda")):
-                    runner.rules.sample(torch.randn(1, V, device="cuda").to(dtype), state, gumbel, timestamps)
+        dec, V = runner.model.decoder, runner.dims.n_vocab
+        hidden = torch.randn(2, dec.token_embedding.weight.shape[1], device="cuda").to(dec.token_embedding.weight.dtype)
+        # logits as a step and a prefill leave them, the state's rows at slots of every alignment
+        for logits in (dec.logits(hidden, upcast=False), dec.logits(hidden)):
+            for lo in (0, 1, 2, 3, 4):
+                for timestamps in (True, False):
+                    for gumbel in (None, torch.randn(2, V, device="cuda")):
+                        runner.rules.sample(logits, runner.state.rows(slice(lo, lo + 2)), gumbel, timestamps)
         assert not [c for c in compiled if "_sample_kernel" in c], compiled
         # the hook does see a compile: a form no step takes (bfloat16 logits) compiles here
-        runner.rules.sample(torch.randn(1, V, device="cuda").to(torch.bfloat16), state, None, True)
+        runner.rules.sample(torch.randn(2, V, device="cuda").to(torch.bfloat16), runner.state.rows(slice(0, 2)), None, True)
         assert [c for c in compiled if "_sample_kernel" in c]
     finally:
         triton.knobs.runtime.jit_post_compile_hook = None

@@ -11,14 +11,8 @@
 set -uo pipefail
 source benchmarks/gpu_assemble.sh || exit 2
 source benchmarks/gpu_load.sh
-up() {  # up NAME TREE
-  (cd $2/benchmarks && PYTHONPATH=$2:$T/site BENCH_RESULTS_DIR="$OUT" timeout -k 10 100 python3 bench_uploads.py --device cuda \
-    --model "tiny.en=$TINY" --uploads 32 --files 8 --minutes 2 --modes fast --systems ours --hf-dir /tmp/hf \
-    --out "bench_uploads_$1.json") > "$OUT/uploads_$1.log" 2>&1
-  echo "== $1 rc=$?"; grep -E "^tiny.en +ours|server up" "$OUT/uploads_$1.log" | head -2
-}
-up new $PWD
-up s8 $PWD/.carry/s8tree
-up new_again $PWD
+uploads new $PWD
+uploads s8 $PWD/.carry/s8tree
+uploads new_again $PWD
 load tiny18_full_fp16 90 --model tiny.en --clients 1000
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 120 python3 bench_encoder_attention.py --batches 8,16,32) 2>&1 | tail -12

@@ -23,8 +23,8 @@ from typing import Callable
 log = logging.getLogger("streamer.server")
 
 ACCEPT_PAUSE_S = 0.001
-"""After taking a connection a gateway waits this long before it takes the next (one gateway takes at
-most 1,000 a second; eight, 8,000)."""
+"""After taking a connection a gateway waits this long before it takes the next, when others share
+the socket (one gateway then takes at most 1,000 a second; eight, 8,000)."""
 
 
 class SharedAcceptor:
@@ -32,10 +32,11 @@ class SharedAcceptor:
     a time and hands each to `protocol_factory` as the loop's own server would."""
 
     def __init__(self, listener: socket.socket, protocol_factory: Callable[[], asyncio.Protocol],
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, pause_s: float = ACCEPT_PAUSE_S):
         self.listener = listener
         self.protocol_factory = protocol_factory
         self.ssl_context = ssl_context
+        self.pause_s = pause_s
         self._task: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
 
@@ -62,7 +63,7 @@ class SharedAcceptor:
             task = asyncio.ensure_future(self._serve(loop, conn))
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
-            await asyncio.sleep(ACCEPT_PAUSE_S)  # the other gateways get the next ones
+            await asyncio.sleep(self.pause_s)  # the other gateways get the next ones
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
         try:

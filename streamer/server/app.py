@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.server import deepgram, files, realtime, redact, twilio
-from streamer.server.accept import SharedAcceptor
+from streamer.server.accept import ACCEPT_PAUSE_S, SharedAcceptor
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.openai_http import RequestIdMiddleware, api_fallback
@@ -169,13 +169,16 @@ def create_app(settings: Settings, engine: Engine | None = None,
 class GracefulServer(uvicorn.Server):
     """uvicorn, with the streams drained before its own shutdown closes their sockets.
 
-    `shared_listener`: a listening socket shared with other gateway processes, accepted from one
-    connection at a time (`server/accept.py`) besides the sockets given to `run`."""
+    `shared_listener`: a listening socket shared with `sharing` gateway processes (this one
+    included), accepted from one connection at a time (`server/accept.py`) besides the sockets
+    given to `run`."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, shared_listener: socket.socket | None = None):
+    def __init__(self, config: uvicorn.Config, state: ServerState, shared_listener: socket.socket | None = None,
+                 sharing: int = 1):
         super().__init__(config)
         self.state = state
         self.shared_listener = shared_listener
+        self.sharing = sharing
         self.acceptor: SharedAcceptor | None = None
         self.on_serving: Callable[[], None] | None = None
         """Called once every socket accepts connections."""
@@ -189,7 +192,9 @@ class GracefulServer(uvicorn.Server):
                 return config.http_protocol_class(config=config, server_state=self.server_state,
                                                   app_state=self.lifespan.state)
 
-            self.acceptor = SharedAcceptor(self.shared_listener, protocol, config.ssl)
+            # alone on the socket, a gateway has no one to leave the next connection to
+            self.acceptor = SharedAcceptor(self.shared_listener, protocol, config.ssl,
+                                           pause_s=ACCEPT_PAUSE_S if self.sharing > 1 else 0.0)
             self.acceptor.start()
         if self.on_serving is not None and not self.should_exit:
             self.on_serving()
@@ -203,9 +208,10 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def build_server(app: Starlette, host: str, port: int, shared_listener: socket.socket | None = None) -> GracefulServer:
+def build_server(app: Starlette, host: str, port: int, shared_listener: socket.socket | None = None,
+                 sharing: int = 1) -> GracefulServer:
     """uvicorn with uvloop and the `websockets` library, limits from the app's settings
-    (`shared_listener`: see `GracefulServer`).
+    (`shared_listener`, `sharing`: see `GracefulServer`).
 
     `websockets-sansio` is uvicorn's implementation on the library's current API; its `websockets`
     one runs on the library's deprecated legacy API (same behaviour, tests pass with both)."""
@@ -224,7 +230,7 @@ def build_server(app: Starlette, host: str, port: int, shared_listener: socket.s
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5, log_level="info",
         ssl_certfile=settings.server.ssl_certfile, ssl_keyfile=settings.server.ssl_keyfile)
     redact.install()  # after uvicorn.Config: it (re)configures the logging handlers
-    return GracefulServer(config, app.state.streamer, shared_listener)
+    return GracefulServer(config, app.state.streamer, shared_listener, sharing)
 
 
 @contextlib.contextmanager

@@ -106,7 +106,8 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
     peers = Peers.of(settings.server)
     peers.release_all()
     if listener is not None:  # shared: accepted one connection at a time (server/accept.py)
-        server, sockets = build_server(app, settings.server.host, port, shared_listener=listener), [peers.listen()]
+        server = build_server(app, settings.server.host, port, shared_listener=listener, sharing=peers.workers)
+        sockets = [peers.listen()]
     else:
         sock = reuse_port_socket(settings.server.host, port)
         sock.listen(BACKLOG)

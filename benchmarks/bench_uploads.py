@@ -131,15 +131,15 @@ def bench_ours(label: str, url: str, mode: str, args, files: list[Recording], re
     rows = []
     warm = recording("warm", files[0].audio[: WARM_S * SAMPLE_RATE], "")
     asyncio.run(upload_all(url, [warm] * max(args.uploads), mode, args.timeout))
-    from streamer.loadtest.client import _server_samples, server_side
+    from streamer.loadtest.client import server_samples, server_side
 
     for n in args.uploads:
         recs = batch(files, n)
-        before = _server_samples(url)
+        before = server_samples(url)
         wall, texts, latencies = asyncio.run(upload_all(url, recs, mode, args.timeout))
         rows.append(row(label, f"ours {mode}", recs, wall, texts, latencies))
         # each engine core's busy share (several GPUs: are an upload's windows spread over all?)
-        rows[-1]["core_busy"] = server_side(before, _server_samples(url), wall)["core_busy"]
+        rows[-1]["core_busy"] = server_side(before, server_samples(url), wall)["core_busy"]
         record(rows[-1], args, report)
     return rows
 

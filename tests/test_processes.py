@@ -27,7 +27,7 @@ import pytest
 import websockets
 
 from streamer.audio.decode import decode_audio
-from streamer.loadtest.client import _server_samples, server_side, stop_server
+from streamer.loadtest.client import server_samples, server_side, stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 240
@@ -173,7 +173,7 @@ def test_two_gateways_and_two_cores_serve_streams_and_uploads(served, jfk, jfk_p
     # The work was spread: both cores decoded windows.
     metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
     assert "streamer_engine_cores_up 2.0" in metrics
-    samples = _server_samples(base)  # as the load test reads them (issue 19's routing check)
+    samples = server_samples(base)  # as the load test reads them (issue 19's routing check)
     busy = {k.rpartition(":")[2]: v for k, v in samples.items() if k.startswith("streamer_engine_core_busy_seconds_total:")}
     assert set(busy) == {"0", "1"} and all(v > 0 for v in busy.values()), busy
     side = server_side({}, samples, wall_s=1.0)  # one snapshot: a core still stepping cannot move it

@@ -269,7 +269,7 @@ LAG_POLL_S = 0.25
 """How often the gateway's event-loop lag is read during a run (its peak is reported)."""
 
 
-def _server_samples(http_url: str) -> dict[str, float]:
+def server_samples(http_url: str) -> dict[str, float]:
     """The cumulative samples of SERVER_SAMPLES from `/metrics`, keyed `name` or `name:kind`."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -308,7 +308,7 @@ class LagWatch:
 
     def _poll(self) -> None:
         while not self._stop.wait(LAG_POLL_S):
-            for key, value in _server_samples(self.http_url).items():
+            for key, value in server_samples(self.http_url).items():
                 if key.startswith("streamer_event_loop_lag_seconds"):
                     pid = key.partition(":")[2] or "0"
                     self.per_gateway[pid] = max(self.per_gateway.get(pid, 0.0), value)
@@ -458,12 +458,12 @@ def sweep(url: str, args) -> dict:
     files = recordings(args.audio_dir, max(args.clients), args.seconds)
     runs, best, held_so_far = [], 0, True
     for n in args.clients:
-        before = _server_samples(http_url)
+        before = server_samples(http_url)
         if args.profile_at == n:
             _profile_later(health, args)
         with LagWatch(http_url) as lag:
             summary = run_load(url, n, files, args.pace, procs=args.client_procs)
-        summary["server"] = server_side(before, _server_samples(http_url), summary["wall_s"])
+        summary["server"] = server_side(before, server_samples(http_url), summary["wall_s"])
         summary["server"]["loop_lag_max_s"] = lag.peak
         summary["server"]["loop_lag_per_gateway_s"] = sorted(lag.per_gateway.values(), reverse=True)
         # Streams held per gateway, in the order of the lags above (the most loaded loop first).

@@ -32,11 +32,13 @@ class SharedAcceptor:
     a time and hands each to `protocol_factory` as the loop's own server would."""
 
     def __init__(self, listener: socket.socket, protocol_factory: Callable[[], asyncio.Protocol],
-                 ssl_context: ssl.SSLContext | None = None, pause_s: float = ACCEPT_PAUSE_S):
+                 ssl_context: ssl.SSLContext | None = None, sharing: int = 1):
+        """`sharing`: the gateway processes that accept from `listener`, this one included."""
         self.listener = listener
         self.protocol_factory = protocol_factory
         self.ssl_context = ssl_context
-        self.pause_s = pause_s
+        # alone on the socket, a gateway has no one to leave the next connection to
+        self.pause_s = ACCEPT_PAUSE_S if sharing > 1 else 0.0
         self._task: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
 

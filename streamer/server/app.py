@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings
 from streamer.server import deepgram, files, realtime, redact, twilio
-from streamer.server.accept import ACCEPT_PAUSE_S, SharedAcceptor
+from streamer.server.accept import SharedAcceptor
 from streamer.server.auth import AuthMiddleware
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.openai_http import RequestIdMiddleware, api_fallback
@@ -192,9 +192,7 @@ class GracefulServer(uvicorn.Server):
                 return config.http_protocol_class(config=config, server_state=self.server_state,
                                                   app_state=self.lifespan.state)
 
-            # alone on the socket, a gateway has no one to leave the next connection to
-            self.acceptor = SharedAcceptor(self.shared_listener, protocol, config.ssl,
-                                           pause_s=ACCEPT_PAUSE_S if self.sharing > 1 else 0.0)
+            self.acceptor = SharedAcceptor(self.shared_listener, protocol, config.ssl, self.sharing)
             self.acceptor.start()
         if self.on_serving is not None and not self.should_exit:
             self.on_serving()

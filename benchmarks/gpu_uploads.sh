@@ -5,22 +5,21 @@
 # seconds (default 330; the call's limit is 600).
 #
 # Here first, in the repo root of the checkout that makes the calls:
-#   python benchmarks/make_gpu_inputs.py       # .carry/ (ignored by git) with base's three parts, ~10 s
-# then six device calls back to back (the machine stays warm only a short while after a call;
-# /tmp/stage keeps what the earlier calls brought; if it went back, the last call says what is
-# missing: make the stage calls again, at once):
-#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a", ".carry/inputs"], timeout_s=60)
-#   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels", ".carry/audio"], timeout_s=60)
-#   3. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_b"], timeout_s=60)
-#   4. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/base_a"], timeout_s=60)
-#   5. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/base_b"], timeout_s=60)
-#   6. run(command="bash benchmarks/gpu_uploads.sh", carry=[".carry/base_c"], timeout_s=420)
-# Right after gpu_session.sh's calls (its stage holds tiny.en, the inputs, wheels and audio already):
-# calls 4, 5 and 6 only. tiny.en alone: calls 1 and 2, then call 6 with carry [".carry/tiny_b"].
+#   python benchmarks/make_gpu_inputs.py       # .carry/ (ignored by git) with base's four parts, ~10 s
+# then the device calls back to back that `make_gpu_inputs.py` prints (the machine stays warm only a
+# short while after a call; /tmp/stage keeps what the earlier calls brought; if it went back, the last
+# call says what is missing: make the stage calls again, at once):
+#   1-3. the three stage calls of gpu_session.sh (tiny_a + inputs; wheels; audio + wheels_b)
+#   4-7. run(command="bash benchmarks/gpu_stage.sh", carry=[X], timeout_s=60) for X in .carry/tiny_b,
+#        .carry/base_a, .carry/base_b, .carry/base_c
+#   8. run(command="bash benchmarks/gpu_uploads.sh", carry=[".carry/base_d"], timeout_s=420)
+# Right after gpu_session.sh's calls: calls 5-8 only. tiny.en alone: calls 1-3, then call 8 with carry
+# [".carry/tiny_b"].
 # Env: UPLOADS (1,8,32), FILES (8 distinct recordings), MINUTES (2: each messy join), MODES
 #   (fast,accurate), MODELS ("tiny.en base"; base only when its parts came), SKIP_PRESETS=1,
 #   PRESET_REAL ("base"; "base tiny.en" adds tiny.en), PRECISIONS (none,full_fp16,mixed_fp8,aggressive_fp8),
-#   DEVICE (cuda), UPLOAD_ARGS (more bench_uploads.py options, e.g. --no-shared), BUDGET_S (330).
+#   DEVICE (cuda), UPLOAD_ARGS (more bench_uploads.py options, e.g. --no-shared), BUDGET_S (330),
+#   WANT_S (seconds a model may take; 130 for tiny.en, 170 for base).
 # Back in $OUT (flat): bench_uploads_{tiny.en,base}_h200.json, bench_engine_presets_real_h200.json,
 #   uploads_*.log, presets.log, presets_wer.txt, summary.txt. To record them: cp FILES_AT/bench_uploads_*_h200.json
 #   FILES_AT/bench_engine_presets_real_h200.json benchmarks/results/ (a committed bench_uploads_NAME_h200.json
@@ -43,9 +42,9 @@ preset_real=${PRESET_REAL:-base}
 presets=0
 [ -z "${SKIP_PRESETS:-}" ] && [ -n "${preset_real// /}" ] && presets=1
 for name in $models; do
-  dir=$TINY want=130 reserve=$(( presets * 70 ))  # tiny.en: at most 130 s, leaving base 100 s at least
+  dir=$TINY want=${WANT_S:-130} reserve=$(( presets * 70 ))  # tiny.en: at most 130 s, leaving base 100 s at least
   [[ "$models" == *base* ]] && reserve=$(( reserve + 100 ))
-  [ "$name" = base ] && dir=$BASE want=170 reserve=$(( presets * 70 ))
+  [ "$name" = base ] && dir=$BASE want=${WANT_S:-170} reserve=$(( presets * 70 ))
   baseline=""
   [ -e "benchmarks/results/bench_uploads_${name}_h200.json" ] && baseline="--baseline ../benchmarks/results/bench_uploads_${name}_h200.json"
   t=$SECONDS

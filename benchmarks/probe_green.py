@@ -12,6 +12,9 @@ this stays a probe (the green-context code lives here, not in the engine).
 2. A decode step (the engine's captured graph at R rows) kernel by kernel (torch.profiler).
 3. One encoder pass (16 windows, captured) on M SMs beside K decode steps on the rest, against the
    two run one after the other, and against today's overlap (no partition, step stream priority).
+4. `--split S`: the step captured on S SMs and the encoder on the other SMs (`green_pair`), disjoint,
+   side by side (session 18: cuDNN's cross-attention reads at 95 % of its bandwidth on 64 SMs,
+   probe_sm_bandwidth.py; session 12 had confined only the encoder).
 
     python benchmarks/probe_green.py --tokenizer T.json --shape large-v3 --preset mixed_fp8 \
         --rows 256,64 --encoder-sms 96,112,120
@@ -50,7 +53,7 @@ class GreenStream:
     _context: ctypes.c_void_p  # CUgreenCtx, kept for the process's life (see `green_stream`)
 
 
-_made: dict[tuple[int, int, int], GreenStream] = {}
+_made: dict[tuple[int, int, int], tuple[GreenStream, GreenStream]] = {}
 
 
 def _driver() -> ctypes.CDLL:
@@ -68,6 +71,12 @@ def green_stream(num_sms: int, device: torch.device | str | int = "cuda", priori
     """A stream in a green context of at least `num_sms` SMs of `device` (the driver rounds up to
     its partition granularity: 8 SMs on Hopper). Made once per (device, SMs, priority) in a process
     and then shared: engines made one after another in one process (tests, benchmarks) reuse it."""
+    return green_pair(num_sms, device, priority)[0]
+
+
+def green_pair(num_sms: int, device: torch.device | str | int = "cuda", priority: int = 0) -> tuple[GreenStream, GreenStream]:
+    """Streams in two green contexts that split `device`'s SMs: at least `num_sms` (rounded up as
+    green_stream's) and the rest. Two green_stream calls would overlap: each takes the first SMs."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"SM partitions need a CUDA device, not {device}")
@@ -90,16 +99,20 @@ def green_stream(num_sms: int, device: torch.device | str | int = "cuda", priori
     groups = ctypes.c_uint(1)
     _check(lib, lib.cuDevSmResourceSplitByCount(part, ctypes.byref(groups), whole, rest, 0, num_sms),
            "cuDevSmResourceSplitByCount")
-    sms = ctypes.c_uint.from_buffer(part, _SM_COUNT_OFFSET).value
-    desc = ctypes.c_void_p()
-    _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), part, 1), "cuDevResourceGenerateDesc")
-    context = ctypes.c_void_p()
-    _check(lib, lib.cuGreenCtxCreate(ctypes.byref(context), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
-    handle = ctypes.c_void_p()
-    _check(lib, lib.cuGreenCtxStreamCreate(ctypes.byref(handle), context, CU_STREAM_NON_BLOCKING, priority),
-           "cuGreenCtxStreamCreate")
-    made = GreenStream(torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index)), sms,
-                       torch.device("cuda", index), context)
+
+    def stream_on(resource) -> GreenStream:
+        sms = ctypes.c_uint.from_buffer(resource, _SM_COUNT_OFFSET).value
+        desc = ctypes.c_void_p()
+        _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), resource, 1), "cuDevResourceGenerateDesc")
+        context = ctypes.c_void_p()
+        _check(lib, lib.cuGreenCtxCreate(ctypes.byref(context), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
+        handle = ctypes.c_void_p()
+        _check(lib, lib.cuGreenCtxStreamCreate(ctypes.byref(handle), context, CU_STREAM_NON_BLOCKING, priority),
+               "cuGreenCtxStreamCreate")
+        return GreenStream(torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index)), sms,
+                           torch.device("cuda", index), context)
+
+    made = (stream_on(part), stream_on(rest))
     _made[key] = made
     return made
 
@@ -189,6 +202,7 @@ def main() -> None:
     p.add_argument("--preset", default="mixed_fp8")
     p.add_argument("--rows", default="256,64")
     p.add_argument("--encoder-sms", default="96,112,120")
+    p.add_argument("--split", default="", help="step SMs S,...: the step on S SMs and the encoder on the rest")
     p.add_argument("--out", default="probe_green.json")
     args = p.parse_args()
     from streamer.config import EngineConfig
@@ -196,7 +210,7 @@ def main() -> None:
     from streamer.engine.runner import attention_for
 
     result = {"command": f"python benchmarks/probe_green.py --shape {args.shape} --preset {args.preset} "
-                         f"--rows {args.rows} --encoder-sms {args.encoder_sms}", "environment": environment()}
+                         f"--rows {args.rows} --encoder-sms {args.encoder_sms} --split {args.split}", "environment": environment()}
     result["confinement"] = confinement(green_stream(16))
     rows = [int(x) for x in args.rows.split(",")]
     engine = Engine(random_model(args.shape, args.tokenizer), EngineConfig(max_slots=max(rows), max_encoder_batch=16),
@@ -216,6 +230,14 @@ def main() -> None:
             confined[m] = (gs, g)
             result[f"encoder_on_{gs.sms}_sms_ms"] = cuda_ms(g.replay, gs.stream, 5)
             print(f"encoder pass on {gs.sms} SMs alone: {result[f'encoder_on_{gs.sms}_sms_ms']:.2f} ms", flush=True)
+        split = []
+        for n in [int(x) for x in args.split.split(",") if x]:
+            part, rest = green_pair(n)
+            with attention_for("encoder"):
+                g = capture(lambda: runner.model.encoder(enc.mel), rest.stream)
+            result[f"encoder_on_{rest.sms}_sms_ms"] = cuda_ms(g.replay, rest.stream, 5)
+            print(f"encoder pass on the other {rest.sms} SMs alone: {result[f'encoder_on_{rest.sms}_sms_ms']:.2f} ms", flush=True)
+            split.append((part, rest, g))
         result["rows"] = []
         for r in rows:
             step = runner._graph(runner.bucket(r))[0]
@@ -230,6 +252,11 @@ def main() -> None:
                    "overlap_no_partition": concurrent(enc.graph, enc_plain_stream, step, k)}
             for m, (gs, g) in confined.items():
                 row[f"overlap_encoder_{gs.sms}_sms"] = concurrent(g, gs.stream, step, k)
+            for part, rest, enc_rest in split:  # both confined, on disjoint SMs
+                step_part = runner._capture(runner.bucket(r), part.stream)[0]
+                row[f"step_on_{part.sms}_sms_ms"] = cuda_ms(step_part.replay, part.stream, 20)
+                print(f"  step on {part.sms} SMs alone: {row[f'step_on_{part.sms}_sms_ms']:.3f} ms", flush=True)
+                row[f"overlap_step_{part.sms}_encoder_{rest.sms}_sms"] = concurrent(enc_rest, rest.stream, step_part, k)
             for key, v in row.items():
                 if key.startswith("overlap"):
                     print(f"  {key}: wall {v['wall_ms']:.1f} ms (encoder done {v['encoder_done_ms']:.1f}, {k} steps done "

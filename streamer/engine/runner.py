@@ -532,21 +532,23 @@ class Runner:
         top_lp, top_ids = every[:n].topk(TOPK, dim=-1)
         return top_lp.float().cpu(), top_ids.cpu()
 
-    def _capture(self, b: int):
-        """Capture one decoder step over rows [0, b) as a CUDA graph (state saved and restored)."""
+    def _capture(self, b: int, stream: torch.cuda.Stream | None = None):
+        """Capture one decoder step over rows [0, b) as a CUDA graph (state saved and restored), on
+        `stream` (torch's capture stream by default; a green context's stream confines the graph to
+        its SMs wherever it is replayed: benchmarks/probe_green.py)."""
         saved = [t.clone() for t in (self.tokens_in, self.positions)] + \
                 [getattr(self.state, f).clone() for f in self.state.__dataclass_fields__]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        warm = stream or torch.cuda.Stream()
+        warm.wait_stream(torch.cuda.current_stream())
         with attention_for("graph_step"):  # the backend chosen here is baked into the graph
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(warm):
                 for _ in range(2):  # warm-up outside the graph (allocations, kernel selection, cuDNN plans)
                     self._decode_rows(b, self.gumbel[:b], logprobs_out=self.logprobs[:b])
-            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.current_stream().wait_stream(warm)
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):  # one pool for every bucket
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode=CAPTURE_MODE):  # one pool for every bucket
                 tokens, logprobs, every = self._decode_rows(b, self.gumbel[:b], logprobs_out=self.logprobs[:b])
         self.tokens_in.copy_(saved[0])
         self.positions.copy_(saved[1])

@@ -60,6 +60,12 @@ class EngineConfig:
     decode_priority: bool = True
     """With `overlap_encoder`: decode steps on a CUDA stream of higher priority than the encoder's,
     so the encoder pass beside them yields SMs to their kernels (docs/benchmarks.md, issue 14)."""
+    step_sms: int = 0
+    """With `overlap_encoder` (CUDA only): while an encoder pass runs beside them, decode steps run
+    on this many SMs and the encoder on the others (green contexts, `engine/partition.py`): on the
+    same SMs the two stretch each other. 0: no partition. The encoder then always runs on the
+    others; decode steps use a second set of CUDA graphs captured on the step's SMs, the usual set
+    (every SM) when no pass runs (probe_green.py --split, session 18: 48 of 132 on the H200)."""
     async_steps: bool | None = None
     """While only file windows decode, launch each decode step before reading the previous one
     back, so that the host's work between steps runs beside the GPU's (`Runner.async_steps`;
@@ -239,6 +245,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "ENCODER_GRAPHS": ("engine", "encoder_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
     "DECODE_PRIORITY": ("engine", "decode_priority"),
+    "STEP_SMS": ("engine", "step_sms"),
     "ASYNC_STEPS": ("engine", "async_steps"),
     "PARTIAL_INTERVAL_S": ("streaming", "partial_interval_s"),
     "PARTIAL_INTERVAL_MAX_S": ("streaming", "partial_interval_max_s"),

@@ -382,7 +382,8 @@ def test_encoder_graphs_give_the_eager_encoders_features(manifest):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a second stream)")
 def test_encoder_on_a_second_stream_changes_no_token(manifest):
     """EngineConfig.overlap_encoder: windows encoded beside decoder steps decode exactly as before,
-    with the decode steps on a higher-priority stream than the encoder (decode_priority) or not."""
+    with the decode steps on a higher-priority stream than the encoder (decode_priority) or not, and
+    with the SMs split between them (step_sms: green contexts, a second set of step graphs)."""
     loaded = load_model("tiny.en", "cuda", torch.float16)
     jobs = [(a, DecodeOptions(temperatures=(0.0,), timestamps=True)) for a in _pick(manifest, "en", 12)]
     # The eager encoder is compared with an eager one-stream run: on the H200 a captured and an eager
@@ -391,7 +392,8 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
     variants = {"one stream": {}, "one stream, eager encoder": {"encoder_graphs": False},
                 "pipeline, eager encoder": {"overlap_encoder": True, "encoder_graphs": False},
                 "pipeline": {"overlap_encoder": True, "decode_priority": False},
-                "pipeline, decode first": {"overlap_encoder": True}}
+                "pipeline, decode first": {"overlap_encoder": True},
+                "pipeline, SM partition": {"overlap_encoder": True, "step_sms": 48}}
     results = {}
     for name, kw in variants.items():
         engine = Engine(loaded, EngineConfig(max_slots=16, max_encoder_batch=4, **kw))
@@ -402,7 +404,10 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
             else:
                 assert runner.main is None
             assert bool(runner.encoder_graphs) == kw.get("encoder_graphs", True)
+            assert (runner.step_part is not None) == bool(kw.get("step_sms"))
             results[name] = asyncio.run(_all_at_once(engine, jobs))
+            if kw.get("step_sms"):  # steps ran beside an encoder pass, each on its own SMs
+                assert runner.confined_steps > 0 and runner.encoder_stream is runner.side
         finally:
             engine.close()
     # Which windows share an encoder batch or a decode bucket depends on when the engine thread
@@ -527,6 +532,19 @@ def test_the_runner_refuses_a_plan_that_is_not_its_state(tiny):
     try:
         with pytest.raises(RuntimeError, match="plan/runner mismatch: the plan decodes 1 sequences, the runner holds 0"):
             engine.runner.execute(StepPlan(decode=["nobody"]))
+    finally:
+        engine.close()
+
+
+def test_an_sm_partition_needs_the_encoder_beside_the_steps(tiny):
+    """`step_sms` splits the SMs between decode steps and an encoder pass beside them: without
+    `overlap_encoder` there is no such pass, and the setting is refused by name, not ignored."""
+    for kw in ({"step_sms": 48}, {"step_sms": -1, "overlap_encoder": True}):
+        with pytest.raises(ValueError, match=r"step_sms=-?\d+: the SMs decode steps keep"):
+            Engine(tiny, EngineConfig(max_slots=2, **kw))
+    engine = Engine(tiny, EngineConfig(max_slots=2, overlap_encoder=True, step_sms=48))  # CPU: no streams, nothing split
+    try:
+        assert engine.runner.step_part is None and engine.runner.side is None
     finally:
         engine.close()
 

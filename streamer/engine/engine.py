@@ -125,7 +125,7 @@ class Engine:
         slots, enc_batch = self._limits(loaded, config, device, cross_format)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_format,
                              config.overlap_encoder, config.decode_priority, config.encoder_graphs,
-                             config.async_steps)
+                             config.async_steps, config.step_sms)
         self.cpu_threads = cpu_threads or torch.get_num_threads()
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         if self.runner.device.type == "cuda":

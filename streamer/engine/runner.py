@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
+from streamer.engine.partition import green_pair
 from streamer.engine.request import SAMPLE_RATE, Priority
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState, gumbel_
@@ -151,7 +152,7 @@ class StepResult:
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
                  cross_format: str = "fp16", overlap_encoder: bool = False, decode_priority: bool = True,
-                 encoder_graphs: bool = True, async_steps: bool | None = None):
+                 encoder_graphs: bool = True, async_steps: bool | None = None, step_sms: int = 0):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -190,6 +191,18 @@ class Runner:
         # dispatches the decode step's small memory-bound kernels before more encoder blocks, so
         # a step is not stretched by the encoder pass running beside it.
         self.main = torch.cuda.Stream(self.device, priority=-1) if self.side is not None and decode_priority else None
+        # With `step_sms`: the encoder on a green context of the SMs the steps leave it, and the
+        # steps, while a pass runs, from graphs captured on a green context of `step_sms` SMs
+        # (`self.confined`); when none runs, from the usual graphs on every SM.
+        if step_sms < 0 or (step_sms and not overlap_encoder):
+            raise ValueError(f"step_sms={step_sms}: the SMs decode steps keep while an encoder pass runs beside "
+                             "them (overlap_encoder), or 0")
+        self.step_part = None
+        if step_sms and self.side is not None and self.use_graphs:
+            self.step_part, encoder_part = green_pair(step_sms, self.device)
+            self.side = encoder_part.stream
+        self.confined: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.confined_steps = 0  # steps launched from `self.confined` (tests, benchmarks)
         self.encoding: list[_Encoding] = []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.encoder_graphs: dict[int, _EncoderGraph] = {}  # by batch size, captured by `warm_encoder`
@@ -463,6 +476,8 @@ class Runner:
                     if b > self.n_slots:
                         break
                     self._graph(b)
+                    if self.step_part is not None:
+                        self._graph(b, confined=True)
 
     def _warm_sampler(self) -> None:
         """Sample once in every form a step may take (logits as the step or the prefill leaves
@@ -481,13 +496,14 @@ class Runner:
                         self.rules.sample(logits, state, gumbel, timestamps)
         torch.cuda.synchronize(self.device)
 
-    def _graph(self, b: int):
+    def _graph(self, b: int, confined: bool = False):
         if self.gumbel is None:
             self.gumbel = torch.zeros(self.n_slots, self.dims.n_vocab, device=self.device)
             self.logprobs = torch.zeros(self.n_slots, self.dims.n_vocab, device=self.device)
-        if b not in self.graphs:
-            self.graphs[b] = self._capture(b)
-        return self.graphs[b]
+        graphs = self.confined if confined else self.graphs
+        if b not in graphs:  # both sets share one pool: a step runs from one of them at a time
+            graphs[b] = self._capture(b, self.step_part.stream if confined else None)
+        return graphs[b]
 
     def _decode(self, n: int) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """One decode step over rows [0, n), read back: tokens, log-probabilities, top candidates."""
@@ -508,7 +524,9 @@ class Runner:
             with attention_for("eager_step"):
                 return self._decode_rows(n, gumbel, kv_len, timestamps)
         b = min(self.bucket(n), self.n_slots)
-        graph, tokens, logprobs, every = self._graph(b)
+        confined = self.step_part is not None and bool(self.encoding)  # an encoder pass runs beside it
+        self.confined_steps += confined
+        graph, tokens, logprobs, every = self._graph(b, confined)
         if any_hot:
             self._gumbel(self.gumbel[:b], self.slots)
         graph.replay()
@@ -594,8 +612,8 @@ class Runner:
         # a graph replays with the workspace of the stream it was captured on. The decoder's graphs
         # are captured on torch's default capture stream; captured there too, an encoder pass on
         # the side stream would share their workspace while a decode step runs beside it.
-        if self.encoder_stream is None:
-            self.encoder_stream = torch.cuda.Stream(self.device)
+        if self.encoder_stream is None:  # on an SM partition: its green context's, which confines the graphs
+            self.encoder_stream = self.side if self.step_part is not None else torch.cuda.Stream(self.device)
         stream = self.encoder_stream
         stream.wait_stream(torch.cuda.current_stream())
         with attention_for("encoder"):  # the backend chosen here is baked into the graph

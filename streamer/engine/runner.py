@@ -556,7 +556,7 @@ class Runner:
         its SMs wherever it is replayed: benchmarks/probe_green.py)."""
         saved = [t.clone() for t in (self.tokens_in, self.positions)] + \
                 [getattr(self.state, f).clone() for f in self.state.__dataclass_fields__]
-        warm = stream or torch.cuda.Stream()
+        warm = stream if stream is not None else torch.cuda.Stream()
         warm.wait_stream(torch.cuda.current_stream())
         with attention_for("graph_step"):  # the backend chosen here is baked into the graph
             with torch.cuda.stream(warm):

@@ -129,6 +129,20 @@ class _InFlight:
     no_speech: torch.Tensor | None = None  # [n] float32, likewise (an admission's)
 
 
+@dataclass
+class _BeamMoves:
+    """What one step's beam groups change on the device, gathered so that it goes there in one
+    copy: every beam's sampler fields (n_sampled, last, penultimate, last_timestamp) by row, and
+    the self K/V moves (source row, row) of the beams that continue another row's hypothesis
+    (about one in five of a beam search's; copying all rows and each group apart cost three
+    host-to-device copies per group and step)."""
+
+    rows: list[int] = field(default_factory=list)
+    fields: list[list[int]] = field(default_factory=list)
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    upto: int = 0  # self K/V positions written, the longest beam's
+
+
 class _PrefillInputs(NamedTuple):
     """An admission's per-row inputs on the device, copied from the host before its encoder pass."""
 
@@ -379,15 +393,18 @@ class Runner:
             if token == self.tok.eot or len(seq.tokens) >= seq.max_new or position >= self.dims.n_text_ctx:
                 seq.done = True
                 finished.append(row)
+        beams = _BeamMoves()
         for group_rows in groups.values():
-            finished += self._advance_beams(group_rows, top, out)
+            finished += self._advance_beams(group_rows, top, out, beams)
+        self._move_beams(beams)
         for row in sorted(finished, reverse=True):
             if self.slots[row].group is None or self.slots[row].done:
                 out.finished.append(self.slots[row])
         self._remove_rows(finished)
 
-    def _advance_beams(self, rows: list[int], top, out: StepResult) -> list[int]:
-        """Choose the group's next beams, move their K/V and sampler state into its slots.
+    def _advance_beams(self, rows: list[int], top, out: StepResult, moves: _BeamMoves) -> list[int]:
+        """Choose the group's next beams; what their K/V and sampler state need on the device goes
+        into `moves` (`_move_beams` applies every group's at once).
 
         Returns the group's rows when it is finished (the first row then holds the best hypothesis).
         """
@@ -407,19 +424,31 @@ class Runner:
             head.tokens, head.sum_logprob, head.done = best.tokens, best.sum_logprob, True
             out.tokens.extend((head.id, t) for t in best.tokens[-1:])
             return rows
-        src = torch.tensor([rows[i] for i in sources], device=self.device)
-        dst = torch.tensor(rows, device=self.device)
-        self.cache.copy_slots(src, dst, upto=max(len(s.initial) + len(s.tokens) for s in seqs))
+        moves.moves += [(rows[i], row) for i, row in zip(sources, rows) if rows[i] != row]
+        moves.upto = max(moves.upto, max(len(s.initial) + len(s.tokens) for s in seqs))
         for seq, beam in zip(seqs, beams):
             seq.tokens, seq.sum_logprob = beam.tokens, beam.sum_logprob
         tb = self.tok.timestamp_begin
-        fields = [[len(b.tokens), b.tokens[-1], b.tokens[-2] if len(b.tokens) > 1 else -1,
-                   max([t for t in b.tokens if t >= tb], default=-1)] for b in beams]
-        values = torch.tensor(fields, device=self.device)
-        for j, name in enumerate(("n_sampled", "last", "penultimate", "last_timestamp")):
-            getattr(self.state, name)[dst] = values[:, j]
-        self.tokens_in[dst] = values[:, 1]
+        moves.rows += rows
+        moves.fields += [[len(b.tokens), b.tokens[-1], b.tokens[-2] if len(b.tokens) > 1 else -1,
+                          max([t for t in b.tokens if t >= tb], default=-1)] for b in beams]
         return []
+
+    def _move_beams(self, beams: _BeamMoves) -> None:
+        """Apply a step's `_BeamMoves`: one copy to the device, one self K/V copy for every moved
+        beam (gathered before any is written, so rows that swap hypotheses are safe), one write per
+        sampler field."""
+        if not beams.rows:
+            return
+        n, m = len(beams.rows), len(beams.moves)
+        flat = beams.rows + [v for f in beams.fields for v in f] + [r for move in beams.moves for r in move]
+        values = self._to_device(torch.tensor(flat))
+        dst, fields, moves = values[:n], values[n:5 * n].view(n, 4), values[5 * n:].view(m, 2)
+        if m:
+            self.cache.copy_slots(moves[:, 0], moves[:, 1], upto=beams.upto)
+        for j, name in enumerate(("n_sampled", "last", "penultimate", "last_timestamp")):
+            getattr(self.state, name)[dst] = fields[:, j]
+        self.tokens_in[dst] = fields[:, 1]
 
     def _remove_rows(self, rows: list[int]) -> None:
         """Drop the sequences in `rows`; live ones past the new end move into the holes, with one

@@ -20,6 +20,7 @@ TOPK = MAX_BEAM + 1
 class Hypothesis:
     tokens: list[int]
     sum_logprob: float
+    source: int = 0  # from `select`: the first of the current beams whose tokens this one continues
 
 
 @dataclass
@@ -40,21 +41,28 @@ class BeamGroup:
         return self.select([Hypothesis([], 0.0)], [top_logprobs], [top_ids])
 
     def select(self, beams: list[Hypothesis], top_logprobs: list[list[float]], top_ids: list[list[int]]) -> list[Hypothesis]:
-        """Next beams (one per slot, best first) from each current beam's top candidates."""
-        candidates: dict[tuple[int, ...], float] = {}
-        for beam, lps, ids in zip(beams, top_logprobs, top_ids):
+        """Next beams (one per slot, best first) from each current beam's top candidates.
+
+        A candidate is a token sequence (beams with equal tokens propose the same ones: the best
+        score counts), keyed here by (the first beam with its prefix, token): one tuple per beam,
+        not one per candidate (this runs for every beam group at every step, on the engine thread)."""
+        first: dict[tuple[int, ...], int] = {}
+        sources = [first.setdefault(tuple(beam.tokens), i) for i, beam in enumerate(beams)]
+        candidates: dict[tuple[int, int], float] = {}
+        for source, beam, lps, ids in zip(sources, beams, top_logprobs, top_ids):
             for lp, token in zip(lps, ids):
-                key = tuple(beam.tokens) + (token,)
+                key = (source, token)
                 score = beam.sum_logprob + lp
                 if candidates.get(key, float("-inf")) < score:
                     candidates[key] = score
         chosen = []
-        for tokens, score in sorted(candidates.items(), key=lambda kv: kv[1], reverse=True):
-            if tokens[-1] == self.eot:
+        for (source, token), score in sorted(candidates.items(), key=lambda kv: kv[1], reverse=True):
+            tokens = beams[source].tokens + [token]
+            if token == self.eot:
                 if len(self.finished) < self.max_finished:
-                    self.finished.append(Hypothesis(list(tokens), score))
+                    self.finished.append(Hypothesis(tokens, score, source))
             else:
-                chosen.append(Hypothesis(list(tokens), score))
+                chosen.append(Hypothesis(tokens, score, source))
                 if len(chosen) == self.beam_size:
                     break
         return chosen

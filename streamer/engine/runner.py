@@ -417,7 +417,7 @@ class Runner:
         else:
             current = [Hypothesis(s.tokens, s.sum_logprob) for s in seqs]
             beams = group.select(current, top_lp, top_ids)
-            sources = [next(i for i, s in enumerate(seqs) if s.tokens == b.tokens[:-1]) for b in beams]
+            sources = [b.source for b in beams]
         if group.done(beams) or len(beams) < len(rows):
             best = group.best(beams)
             head = seqs[0]

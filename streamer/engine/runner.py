@@ -394,6 +394,8 @@ class Runner:
                 seq.done = True
                 finished.append(row)
         beams = _BeamMoves()
+        if groups:  # the candidates as lists once, not two tensor indexings per group
+            top = (top[0].tolist(), top[1].tolist())
         for group_rows in groups.values():
             finished += self._advance_beams(group_rows, top, out, beams)
         self._move_beams(beams)
@@ -402,7 +404,7 @@ class Runner:
                 out.finished.append(self.slots[row])
         self._remove_rows(finished)
 
-    def _advance_beams(self, rows: list[int], top, out: StepResult, moves: _BeamMoves) -> list[int]:
+    def _advance_beams(self, rows: list[int], top: tuple[list, list], out: StepResult, moves: _BeamMoves) -> list[int]:
         """Choose the group's next beams; what their K/V and sampler state need on the device goes
         into `moves` (`_move_beams` applies every group's at once).
 
@@ -410,7 +412,7 @@ class Runner:
         """
         seqs = [self.slots[r] for r in rows]
         group = seqs[0].group
-        top_lp, top_ids = top[0][rows].tolist(), top[1][rows].tolist()
+        top_lp, top_ids = [top[0][r] for r in rows], [top[1][r] for r in rows]
         if not seqs[0].tokens:  # first token: every beam still has the same prefix
             beams = group.first(top_lp[0], top_ids[0])
             sources = list(range(len(beams)))

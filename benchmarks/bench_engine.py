@@ -104,12 +104,16 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
     from streamer.engine.request import DecodeOptions
     from streamer.model.whisper import KVCache
 
-    # "PRESET+overlap": the preset with the encoder on a second stream (EngineConfig.overlap_encoder).
+    # "PRESET+overlap": the preset with the encoder on a second stream (EngineConfig.overlap_encoder);
+    # "PRESET+overlapN": and N SMs for the decode steps while a pass runs (EngineConfig.step_sms).
     precision, _, variant = (precision or "").partition("+")
+    if variant and not variant.removeprefix("overlap").isdigit() and variant != "overlap":
+        raise ValueError(f"{variant!r}: a variant is overlap or overlapN (N SMs for the steps)")
     engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=encoder_batch,
-                                         overlap_encoder=variant == "overlap"),
+                                         overlap_encoder=variant.startswith("overlap"),
+                                         step_sms=int(variant.removeprefix("overlap") or 0)),
                     precision=None if precision in ("", "none") else precision)
-    label = f"ours {precision or 'plain'}"
+    label = f"ours {precision or 'plain'}" + (f"+{variant}" if variant else "")
     loop = asyncio.new_event_loop()
     options = DecodeOptions(language="en", temperatures=(0.0,), max_new_tokens=tokens)
     rows = []

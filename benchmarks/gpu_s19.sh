@@ -18,3 +18,6 @@ for runs in large-v3:full_fp16,large-v3:full_fp16:overlap:sms48 large-v3:full_fp
     --audio "$INPUTS/clips.npz" --runs $runs --windows 256 --out "profile_engine_s19_${runs//[:,]/_}.json") 2>&1 \
     | grep -A3 "^shape" | grep -v "^--"
 done
+# 3. the guard's full_fp16 rows with the partition, if step 2 shows a gain (rtf at 256 against 2,275):
+#    (cd benchmarks && BENCH_RESULTS_DIR="$OUT" python3 bench_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
+#      --audio "$INPUTS/clips.npz" --shapes large-v3 --batches 128,256 --hf-batches "" --precisions full_fp16,full_fp16+overlap48)

@@ -18,6 +18,10 @@ for runs in large-v3:full_fp16,large-v3:full_fp16:overlap:sms48 large-v3:full_fp
     --audio "$INPUTS/clips.npz" --runs $runs --windows 256 --out "profile_engine_s19_${runs//[:,]/_}.json") 2>&1 \
     | grep -A3 "^shape" | grep -v "^--"
 done
-# 3. the guard's full_fp16 rows with the partition, if step 2 shows a gain (rtf at 256 against 2,275):
+# 3. `accurate` uploads (tiny.en, 32): session 18 made a beam step's host work ~3x cheaper (one copy per
+#    step, not three per group; selection 76 -> 21 us a group) after measuring 208 audio s/s, engine busy 0.96
+UPLOADS=32 SKIP_PRESETS=1 MODELS=tiny.en MODES=accurate UPLOAD_ARGS="--systems ours" BUDGET_S=150 WANT_S=140 \
+  bash benchmarks/gpu_uploads.sh 2>&1 | grep -A3 "^model"
+# 4. the guard's full_fp16 rows with the partition, if step 2 shows a gain (rtf at 256 against 2,275):
 #    (cd benchmarks && BENCH_RESULTS_DIR="$OUT" python3 bench_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" \
 #      --audio "$INPUTS/clips.npz" --shapes large-v3 --batches 128,256 --hf-batches "" --precisions full_fp16,full_fp16+overlap48)

@@ -97,10 +97,10 @@ class Guarded(VoteStream):
     (first slot, end slot, plain's words, the others' counts, broken?)."""
 
     def __init__(self, hi: float, lo: float, min_words: int, rep: int = 0, merge: int = 0, unanimous: int = 5,
-                 style: int = 0):
+                 style: int = 0, support: int = 4):
         super().__init__(len(ORDER))
         self.hi, self.lo, self.min_words, self.rep, self.merge = hi, lo, min_words, rep, merge
-        self.unanimous, self.style = unanimous, style
+        self.unanimous, self.style, self.support = unanimous, style, support
         self.regions: list[tuple] = []
 
     def broken(self, words: list[list[str]]) -> bool:
@@ -154,11 +154,13 @@ class Guarded(VoteStream):
                     said = ["".join(slots[q][h].key for q in range(k, m) if slots[q][h] is not None) for h in range(n)]
                     top = max(said[1:], key=said[1:].count)
                     if self.style and _letters(top) == _letters(said[0]):  # a spelling of plain's words
-                        top = _winner(said, self.weights)
-                        h = said.index(top)
+                        h = said.index(_winner(said, self.weights))
                         for q in range(k, m):
                             take_from[q] = h if slots[q][h] is not None else None
-                    elif top != said[0] and said[1:].count(top) >= self.unanimous:
+                    elif (top != said[0] and said[1:].count(top) >= self.unanimous
+                          and (said[1:].count(said[0]) <= self.support if self.support >= 0
+                               else said[2:].count(said[0]) == 0 if self.support == -1
+                               else said[2:].count(said[0]) == 0 and (said[1] != said[0] or said[2:].count(top) == 3))):
                         h = said.index(top, 1)
                         for q in range(k, m):
                             take_from[q] = h if slots[q][h] is not None else None
@@ -193,12 +195,78 @@ class Guarded(VoteStream):
         return out
 
 
+class Confirmed(VoteStream):
+    """The rule fixed in session 18 (`confirmed`): the vote over [plain, acc, unp, fast, fastb5];
+    in each disputed run (the slots between two where all five say the same word) `plain`'s phrase
+    is kept when at least one of the other four says the same phrase there; otherwise the run takes
+    the other four's vote as the product votes (phrase step, then word by word, ties to `acc`).
+    Whole transcripts only."""
+
+    def __init__(self):
+        super().__init__(len(ORDER))
+        self.kept = self.replaced = 0
+
+    def _decide(self) -> list[Voted]:
+        if not self.closed:
+            return []
+        slots, out, n, w = self.slots, [], len(self.weights), self.weights[1:]
+
+        def key(s, h):
+            return None if s[h] is None else s[h].key
+
+        def take(h, k):
+            if slots[k][h] is not None:
+                out.append(Voted(slots[k][h], h, self.segment[k]))
+
+        i = self.decided
+        while i < len(slots):
+            if len({key(slots[i], h) for h in range(n)}) == 1:
+                take(0, i)
+                i += 1
+                continue
+            j = i
+            while j < len(slots) and len({key(slots[j], h) for h in range(n)}) > 1:
+                j += 1
+            said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(n)]
+            if said[0] in said[1:]:
+                self.kept += 1
+                for k in range(i, j):
+                    take(0, k)
+            else:
+                self.replaced += 1
+                if len(set(said[1:])) < n - 1:
+                    h = 1 + said[1:].index(_winner(said[1:], w))
+                    for k in range(i, j):
+                        take(h, k)
+                else:
+                    for k in range(i, j):
+                        keys = [key(slots[k], h) for h in range(1, n)]
+                        win = _winner(keys, w)
+                        if win is not None:
+                            take(1 + keys.index(win), k)
+            i = j
+        self.decided = i
+        return out
+
+
+def confirmed(texts: dict[str, list[tuple]]) -> str | None:
+    """The `confirmed` rule's text, or None when a transcript is missing."""
+    if any(n not in texts for n in ORDER):
+        return None
+    stream = Confirmed()
+    out = []
+    for h, n in enumerate(ORDER):
+        out += stream.add(h, words_of([t for _, _, t in texts[n]], [(a, b) for a, b, _ in texts[n]]))
+    return " ".join(v.word.text for v in out)
+
+
 def guarded(texts: dict[str, list[tuple]], rule: str) -> tuple[str, list[tuple]] | None:
     """The guarded backbone's text and its regions, or None when a transcript is missing."""
     if any(n not in texts for n in ORDER):
         return None
     params = rule.split(":")[1:]
     stream = Guarded(float(params[0]), float(params[1]), int(params[2]), *(int(p) for p in params[3:]))
+    # g:HI:LO:MIN:REP:MERGE:U:STYLE:SUPPORT
     hyps = [words_of([t for _, _, t in texts[n]], [(a, b) for a, b, _ in texts[n]]) for n in ORDER]
     out = []
     for h, words in enumerate(hyps):
@@ -209,6 +277,8 @@ def guarded(texts: dict[str, list[tuple]], rule: str) -> tuple[str, list[tuple]]
 def text_of(texts: dict[str, list[tuple]], rule: str) -> str | None:
     if rule == "product":
         return combine(texts, "acc+unp+fast+fastb5")
+    if rule == "confirmed":
+        return confirmed(texts)
     if rule.startswith("g:"):
         got = guarded(texts, rule)
         return None if got is None else got[0]

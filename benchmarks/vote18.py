@@ -44,11 +44,11 @@ FRESH2 = ["messy-en-8-13", "messy-en-8-14", "messy-es-5-3", "messy-fr-5-3"]
 HELD_OUT = vote17.HELD_OUT + FRESH + FRESH2
 FILES = vote17.FILES + ",acc18_hyps_fresh_tiny.json,acc18_hyps_fresh_base.json,acc18_hyps_fresh2_tiny.json,acc18_hyps_fresh2_base.json"
 FW = {"fw5": ("acc18_fw5_fresh_tiny.json", "acc18_fw5_fresh_base.json", "acc18_fw5_fresh2_tiny.json",
-              "acc18_fw5_fresh2_base.json", "acc18_fw5_held_tiny.json",
+              "acc18_fw5_fresh2_base.json", "acc18_fw5_issue_tiny.json", "acc18_fw5_issue_base.json", "acc18_fw5_held_tiny.json",
               "acc12_fwtrace_tiny.json", "acc12_fwtrace_es.json", "acc12_fwtrace_xbase.json",
               "acc12_fwtrace_xtiny.json", "acc16_fwtrace_held3.json"),
       "fw1": ("acc18_fw1_fresh_tiny.json", "acc18_fw1_fresh_base.json", "acc18_fw1_fresh2_tiny.json",
-              "acc18_fw1_fresh2_base.json", "acc18_fw1_dev_tiny.json",
+              "acc18_fw1_fresh2_base.json", "acc18_fw1_issue_tiny.json", "acc18_fw1_issue_base.json", "acc18_fw1_dev_tiny.json",
               "acc18_fw1_dev_base.json", "acc18_fw1_held_tiny.json")}
 """faster-whisper's sequential transcription, 5 beams and greedy (trace_fw.py), where run."""
 ORDER = ["plain", "acc", "unp", "fast", "fastb5"]
@@ -310,6 +310,8 @@ def main() -> None:
     parser.add_argument("--rules", default="product,plain,g:1.5:0.6:4")
     parser.add_argument("--specs", default=",".join(SPECS))
     parser.add_argument("--regions", action="store_true", help="print the regions judged broken")
+    parser.add_argument("--markdown", default="", help="rules whose criterion (fewer errors than fw5, fw1 and fast) "
+                                                     "to print as a markdown table, comma-separated")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     specs = args.specs.split(",")
@@ -356,6 +358,21 @@ def main() -> None:
         if any(s in groups[g] for s in specs):
             print(f"total {g}".ljust(18) + "".join(str(totals[g][r]).rjust(width[r]) for r in rules))
     print("worst vs product".ljust(18) + "".join(f"{worst[r]:+d}".rjust(width[r]) for r in rules))
+    if args.markdown:
+        crit = args.markdown.split(",")
+        print("| file | " + " | ".join(rules) + " | fw 5 beams | fw greedy | " + " | ".join(f"{r} < fw5, fw1, fast" for r in crit) + " |")
+        print("|" + " --- |" * (len(rules) + 3 + len(crit)))
+        for row in rows:
+            cells = [str(row[r]["errors"]) if r in row else "" for r in rules]
+            cells += [str(row.get("fw5", "")), str(row.get("fw1", ""))]
+            for r in crit:
+                e, bars = row[r]["errors"], [row.get("fw5"), row.get("fw1"), row["fast"]["errors"] if "fast" in row else None]
+                cells.append("yes" if all(b is not None and e < b for b in bars) else
+                             "no" if any(b is not None and e >= b for b in bars) else "?")
+            print(f"| {row['spec']} | " + " | ".join(cells) + " |")
+        for g in groups:
+            if any(s in groups[g] for s in specs):
+                print(f"| total, {g} | " + " | ".join(str(totals[g][r]) for r in rules) + " |" + " |" * (2 + len(crit)))
     if args.out:
         print("wrote", write_json(args.out, {"rules": rules, "totals": totals, "worst_vs_product": worst, "rows": rows}))
 

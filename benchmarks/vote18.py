@@ -14,12 +14,19 @@ are kept unless `plain` looks broken there, judged without the reference:
 A broken region takes the product's vote among the other four (phrase step, then word by word,
 ties to `acc`), as `accurate` votes today.
 
-    python benchmarks/vote18.py --rules product,plain,g:1.5:0.6:4 --out acc18_dev.json
+    python benchmarks/vote18.py --rules product,plain,confirmed,confirmed+guard --out acc18_dev.json
 
 Rules: `product` (acc+unp+fast+fastb5 voted, vote14.py), any vote14.py rule (`acc`, `plain`, ...),
-and `g:HI:LO:MIN[:REP[:MERGE[:U]]]`, the guarded backbone (MERGE: regions closer than this many anchors
-are judged together, 0 by default; U: in a region kept, a disputed run where U of the other four say
-one phrase other than plain's takes that phrase, 5 (never) by default).
+`confirmed` (the rule fixed first: `plain`'s phrase in a disputed run stands when one of the other
+four says it too, else the other four vote), `confirmed+guard` (rule 2: and not where `plain`'s word
+count is off the others' median, `GUARD`), and `g:HI:LO:MIN[:REP[:MERGE[:U[:STYLE[:SUPPORT]]]]]`, the
+guarded backbone explored first (MERGE: regions closer than this many anchors are judged together,
+0 by default; U: in a region kept, a disputed run where U of the other four say one phrase other
+than plain's takes that phrase, 5 (never) by default; STYLE: where that phrase differs from plain's
+in punctuation only, the five-way winner; SUPPORT: override only where at most SUPPORT of the four
+say plain's phrase, -1 counting `unp`/`fast`/`fastb5` only). docs/notes/accuracy18.md has the tables.
+`--markdown RULES` prints the per-file table with the issue's criterion (fewer errors than fw 5
+beams, fw greedy and `fast`) for RULES.
 """
 
 from __future__ import annotations

@@ -21,12 +21,13 @@ def main() -> None:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--files", default="messy-en-8-1")
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CTranslate2 CPU threads")
     parser.add_argument("--out", default="trace_fw.json")
     args = parser.parse_args()
 
     from faster_whisper import WhisperModel
 
-    fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
+    fw = WhisperModel(ct2_dir(args.model), device="cpu", compute_type="float32", cpu_threads=args.threads)
     rows = []
     for spec in args.files.split(","):
         rec = recording(spec)

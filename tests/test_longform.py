@@ -346,7 +346,7 @@ def test_a_recording_waits_for_queue_room_instead_of_failing(minute):
 
 
 def test_the_plain_chain_cuts_its_windows_as_openai_does(engine, minute, monkeypatch):
-    """`_sequential(by_speech=False)` (session 16's fifth hypothesis, measured, not in the vote):
+    """`_sequential(by_speech=False)` (session 16; the backbone of accurate's vote since session 18):
     the first window opens at 0 s, not on the first speech, and each next one where openai/whisper
     seeks, at the end of the window's last complete segment (or 30 s on), never moved to the VAD's
     speech onsets; its text is as good as the chain cut by the VAD."""
@@ -383,17 +383,24 @@ def test_the_plain_chain_cuts_its_windows_as_openai_does(engine, minute, monkeyp
 
 
 def test_accurate_votes_over_its_hypotheses_deterministically(engine, minute):
-    """Over a minute (several windows) `accurate` votes with the unconditioned chain and both fast
-    runs: the same input gives the same output, every segment keeps the chain's times and tokens
-    that decode to its text, and the text is no worse than the conditioned chain's alone."""
-    from streamer.engine.request import DecodeOptions
+    """Over a minute (several windows) `accurate` votes with the conditioned chain, the unconditioned
+    one and both fast runs on the chain cut as openai cuts (the backbone): the same input gives the
+    same output, every segment keeps the backbone's times and tokens that decode to its text, and
+    the text is no worse than the conditioned chain's alone."""
+    from streamer.engine.request import SAMPLE_RATE, DecodeOptions
+    from streamer.longform import accurate
     from streamer.longform.accurate import transcribe_accurate
+    from streamer.longform.speech import find_speech
+    from streamer.longform.transcript import join
 
     audio, reference = minute
     voted = [asyncio.run(transcribe_long(engine, audio, mode="accurate")) for _ in range(2)]
     assert [(s.start, s.end, s.text) for s in voted[0].segments] == [(s.start, s.end, s.text) for s in voted[1].segments]
     chain = asyncio.run(transcribe_accurate(engine, audio, DecodeOptions(), vote=False))
-    assert {(s.start, s.end) for s in voted[0].segments} <= {(s.start, s.end) for s in chain.segments}
+    windows, _ = asyncio.run(accurate._sequential(engine, audio, find_speech(audio), DecodeOptions(language="en"), "en",
+                                                  by_speech=False))
+    plain = join(windows, language="en", duration=len(audio) / SAMPLE_RATE, task="transcribe")
+    assert {(s.start, s.end) for s in voted[0].segments} <= {(s.start, s.end) for s in plain.segments}
     for s in voted[0].segments:
         assert s.text.strip() and engine.tokenizer.decode(s.tokens) == s.text
     assert wer(reference, voted[0].text) <= wer(reference, chain.text) + 0.02, (voted[0].text, chain.text)
@@ -413,9 +420,9 @@ def long_minutes(manifest):
 
 
 def test_accurate_hands_voted_segments_on_as_they_become_final(engine, long_minutes, monkeypatch):
-    """The vote runs while the four transcripts are decoded: segments reach `on_segments` before
-    the conditioned chain's last window, in order, and they are exactly those of the vote on the
-    four whole transcripts at the end (`revise`)."""
+    """The vote runs while the five transcripts are decoded: segments reach `on_segments` before
+    the backbone chain's last window, in order, and they are exactly those of the vote on the
+    five whole transcripts at the end (`revise` with `CONFIRM`)."""
     from streamer.longform import accurate
     from streamer.longform.vote import SegmentVote, revise
 
@@ -437,8 +444,8 @@ def test_accurate_hands_voted_segments_on_as_they_become_final(engine, long_minu
     assert sum(isinstance(e, list) for e in events) >= 2
 
     backbone = [s for h, segments, _ in given if h == 0 for s in segments]
-    others = [[s for h, segments, _ in given if h == k for s in segments] for k in (1, 2, 3)]
-    revise(backbone, others, engine.tokenizer.encode)
+    others = [[s for h, segments, _ in given if h == k for s in segments] for k in (1, 2, 3, 4)]
+    revise(backbone, others, engine.tokenizer.encode, accurate.CONFIRM)
     assert streamed == [(s.start, s.end, s.text) for s in backbone if s.text.strip()]
     assert [(s.start, s.end, s.text) for s in t.segments] == streamed  # `join` had nothing to reorder
     for prev, cur in zip(streamed, streamed[1:]):

@@ -93,6 +93,39 @@ def test_revise_rewrites_the_backbone_segments_in_place_and_keeps_their_times():
     assert segments[1].tokens == [] and segments[2] is untouched and untouched.token_logprobs == [-0.1] * 3
 
 
+# --- the confirmed backbone (accurate's rule since session 18) -------------------------------------
+
+CONFIRM = (1.5, 0.6, 4)
+
+
+def test_a_backbone_phrase_another_confirms_stands_against_the_rest():
+    """"prepend" (the backbone and one more) against "pre-pen" (three): the majority takes
+    "pre-pen", the confirmed backbone keeps "prepend"."""
+    right, wrong = (" Press 1 to prepend the number.",), (" Press 1 to pre-pen the number.",)
+    hyps = [words_of(list(right)), words_of(list(right))] + [words_of(list(wrong)) for _ in range(3)]
+    assert texts(vote(hyps)) == ["Press", "1", "to", "pre-pen", "the", "number."]
+    assert texts(vote(hyps, confirm=CONFIRM)) == ["Press", "1", "to", "prepend", "the", "number."]
+
+
+def test_a_backbone_phrase_no_one_confirms_takes_the_others_vote():
+    """The backbone alone says "color": the other four vote ("caller", three to one); a loop the
+    backbone alone writes goes too."""
+    hyps = [words_of([" I have a color waiting. waiting waiting waiting waiting waiting"])]
+    hyps += [words_of([f" I have a {w} waiting."]) for w in ("caller", "collar", "caller", "caller")]
+    assert [w.strip(".") for w in texts(vote(hyps, confirm=CONFIRM))] == ["I", "have", "a", "caller", "waiting"]
+
+
+def test_a_passage_the_backbone_drops_comes_back_though_another_drops_it_too():
+    """The backbone and one more skip a sentence that three say: an empty phrase is confirmed, but
+    the backbone's word count there (0) is far below the others' median, so the others vote."""
+    said = " Please press one to mute or unmute yourself."
+    full = [(0.0, 3.0, " Hello there."), (4.0, 8.0, said), (9.0, 11.0, " Goodbye now.")]
+    short = [full[0], full[2]]
+    hyps = [words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in (short, short, full, full, full)]
+    assert " ".join(texts(vote(hyps, confirm=CONFIRM))) == "Hello there." + said + " Goodbye now."
+    assert " ".join(texts(vote(hyps, confirm=(1.5, 0.6, 99)))) == "Hello there. Goodbye now."  # no guard: kept out
+
+
 # --- the vote as the transcripts are decoded ---------------------------------------------------------
 
 def simulated(seed: int, words: int = 400) -> list[list[tuple[float, float, str]]]:
@@ -143,13 +176,14 @@ def fed(segments: list[list[tuple]], step: float, rng: random.Random):
         yield h, segments[h][given[h]:], float("inf")
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_the_vote_as_the_transcripts_arrive_gives_the_words_of_the_vote_at_the_end(seed):
+@pytest.mark.parametrize("seed,confirm", [(seed, None) for seed in range(6)] + [(seed, CONFIRM) for seed in range(3)])
+def test_the_vote_as_the_transcripts_arrive_gives_the_words_of_the_vote_at_the_end(seed, confirm):
     """Whatever the pieces and their order, the words handed over as they become final are, in
-    order, those of the vote on the whole transcripts; most of them come before the end."""
+    order, those of the vote on the whole transcripts (the majority, or with `confirm` the
+    confirmed backbone); most of them come before the end."""
     hyps = simulated(seed)
-    whole = vote([words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in hyps])
-    stream, early, got = VoteStream(4), 0, []
+    whole = vote([words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in hyps], confirm=confirm)
+    stream, early, got = VoteStream(4, confirm=confirm), 0, []
     given = [0] * 4
     for h, segments, until in fed(hyps, step=random.Random(seed).uniform(0.5, 20.0), rng=random.Random(seed)):
         words = words_of([t for _, _, t in segments], [(a, b) for a, b, _ in segments], first=given[h])

@@ -11,10 +11,13 @@ segment is dropped and `seek` moves to that segment's end, so a word cut by the 
 decoded again whole at the start of the next window; likewise when the VAD hears speech after the
 last segment (the model stopped early). Audio without speech is jumped over, never decoded. A
 recording is one chain of windows; many recordings run as concurrent chains whose windows share the
-engine's steps. Longer than one window, the chain's words are then put to a vote with three more
-transcripts decoded alongside it (the chain without conditioning, `fast` greedy and with 5 beams),
-which undoes spellings the prompt carried over whole paragraphs (`vote.py`). docs/longform.md has
-the details and measurements.
+engine's steps. Longer than one window, five transcripts are decoded side by side and voted on
+(`vote.py`): the chain with its windows cut as openai/whisper cuts them (`by_speech=False`: the best
+single transcript on English, with runaways elsewhere) is the backbone and keeps every phrase another
+transcript confirms; the chain cut by the VAD, the chain without conditioning, and `fast` greedy and
+with 5 beams vote where it stands alone or its length is off (`CONFIRM`). That undoes spellings a
+prompt carried over whole paragraphs and the backbone's runaways. docs/longform.md has the details and
+measurements.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ MAX_PROMPT_TOKENS = 223
 ECHO_MIN_WORDS = 4
 """A window whose text opens with the previous window's last segment word for word (this many
 words or more) may be echoing its prompt: it is decoded again without one (`echoes`)."""
+CONFIRM = (1.5, 0.6, 4)
+"""The vote's rule (`vote.VoteStream.confirm`): the backbone, the chain cut as openai/whisper cuts
+(`_sequential(by_speech=False)`), keeps a phrase another transcript confirms unless its word count
+there is off the others' median (above 1.5 x or below 0.6 x, by 4 words or more); the rest is voted
+by the other four (docs/notes/accuracy18.md: 11 files 390 -> 365 errors, 14 held out 400 -> 374)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
 
@@ -135,12 +143,13 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
                               vote: bool = True) -> Transcript:
     """Transcribe `audio` (16 kHz float32) window after window; see the module's docstring.
 
-    With `vote` (longer than one window), three more transcripts of the recording are decoded at
-    the same time: the same seek without previous-text conditioning, and `fast` greedy and with
-    `BEAM_SIZE` beams. Their majority decides each word of the conditioned transcript (`vote.py`):
-    conditioned on its own output, Whisper keeps a spelling it chose once for whole paragraphs
-    ("5-0-0" for "500"), and which spelling depends on the prompt. The vote runs as the four
-    transcripts are decoded (`SegmentVote`): a segment goes to `on_segments` as soon as no later
+    With `vote` (longer than one window), five transcripts of the recording are decoded at the
+    same time: the conditioned chain with openai/whisper's window cuts (the backbone), the same
+    chain with the VAD's cuts, the chain without previous-text conditioning, and `fast` greedy and
+    with `BEAM_SIZE` beams. The backbone keeps a phrase that another of them confirms (`CONFIRM`);
+    elsewhere the other four vote (`vote.py`): conditioned on its own output, Whisper keeps a
+    spelling it chose once for whole paragraphs ("5-0-0" for "500"), or runs away. The vote runs as
+    the transcripts are decoded (`SegmentVote`): a segment goes to `on_segments` as soon as no later
     window of any of them can change it (about a minute of audio behind the slowest), the same
     segments that voting on the whole transcripts at the end gives."""
     tok = engine.tokenizer
@@ -156,9 +165,9 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         options = dataclasses.replace(options, language=language)
         beams = options.beam_size if options.beam_size > 1 else BEAM_SIZE
         progress = None if on_progress is None else (lambda f: on_progress(min(f, 0.99)))
-        voter = SegmentVote(4, tok.encode)
-        given: list[list] = [[] for _ in range(4)]  # segments of each hypothesis not given to the vote yet
-        ends = [0.0] * 4
+        voter = SegmentVote(5, tok.encode, confirm=CONFIRM)
+        given: list[list] = [[] for _ in range(5)]  # segments of each hypothesis not given to the vote yet
+        ends = [0.0] * 5
 
         def segments_of(h: int) -> Callable[[list[TranscriptSegment]], None]:
             def take(segments: list[TranscriptSegment]) -> None:
@@ -166,7 +175,7 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
                     given[0] += segments
                     return
                 for s in segments:  # `fast`'s times as its `join` makes them
-                    start, ends[h] = (s.start, s.end) if h == 1 else after(s.start, s.end, ends[h])
+                    start, ends[h] = (s.start, s.end) if h <= 2 else after(s.start, s.end, ends[h])
                     given[h].append((start, ends[h], s.text))
             return take
 
@@ -183,18 +192,19 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             settled(h)(math.inf)
             return result
 
-        # Two chains of one window each and two fast runs of at most 31 windows each: the
+        # Three chains of one window each and two fast runs of at most 30 windows each: the
         # recording stays within MAX_IN_FLIGHT windows in the engine.
-        in_flight = MAX_IN_FLIGHT // 2 - 1
+        in_flight = (MAX_IN_FLIGHT - 3) // 2
         tasks = [asyncio.ensure_future(hypothesis(h, c)) for h, c in enumerate((
-            _sequential(engine, audio, speech, options, language, on_progress=progress,
+            _sequential(engine, audio, speech, options, language, by_speech=False, on_progress=progress,
                         on_segments=segments_of(0), on_settled=settled(0)),
+            _sequential(engine, audio, speech, options, language, on_segments=segments_of(1), on_settled=settled(1)),
             _sequential(engine, audio, speech, options, language, condition=False,
-                        on_segments=segments_of(1), on_settled=settled(1)),
+                        on_segments=segments_of(2), on_settled=settled(2)),
             transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=1), speech=speech, max_in_flight=in_flight,
-                            on_segments=segments_of(2), on_settled=settled(2)),
+                            on_segments=segments_of(3), on_settled=settled(3)),
             transcribe_fast(engine, audio, dataclasses.replace(options, beam_size=beams), speech=speech,
-                            max_in_flight=in_flight, on_segments=segments_of(3), on_settled=settled(3))))]
+                            max_in_flight=in_flight, on_segments=segments_of(4), on_settled=settled(4))))]
         try:
             (windows, language), *_ = await asyncio.gather(*tasks)
         finally:  # one failed (QueueFull, EngineClosed) or the caller went away: stop the others

@@ -263,9 +263,15 @@ class VoteStream:
     is aligned to the slots handed over by the one before (`_Stage`); a run of slots where the
     hypotheses disagree is decided once a slot where they all agree (or the end) closes it."""
 
-    def __init__(self, hypotheses: int, weights: list[float] | None = None, phrases: bool = True):
+    def __init__(self, hypotheses: int, weights: list[float] | None = None, phrases: bool = True,
+                 confirm: tuple[float, float, int] | None = None):
         self.weights = weights or [1.0] * hypotheses
         self.phrases = phrases
+        self.confirm = confirm
+        """None: the majority decides every disputed run. (HI, LO, MIN): the backbone keeps its
+        phrase in a run where another hypothesis says the same phrase and its word count there is
+        neither above HI x nor below LO x the median of the others' (by MIN words at least); any
+        other run takes the other hypotheses' vote (docs/notes/accuracy18.md, `confirmed+guard`)."""
         self.stages = [_Stage(width) for width in range(1, hypotheses)]
         self.first_segment: int | None = None
         """The backbone segment of its first word: that of words before it."""
@@ -340,20 +346,40 @@ class VoteStream:
                 break  # the run may go on
             said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(len(self.weights))]
             weights = self.run_weights(i, j, said)
-            if self.phrases and len(set(said)) < len(said):
-                h = said.index(_winner(said, weights))
+            voters = list(range(len(self.weights)))
+            if self.confirm is not None:
+                if said[0] in said[1:] and not self._deviates(i, j):
+                    for k in range(i, j):
+                        if slots[k][0] is not None:
+                            take(0, k)
+                    i = j
+                    continue
+                voters = voters[1:]  # the backbone's phrase stands alone (or deviates): the others decide
+            phrase, weight = [said[h] for h in voters], [weights[h] for h in voters]
+            if self.phrases and len(set(phrase)) < len(phrase):
+                h = voters[phrase.index(_winner(phrase, weight))]
                 for k in range(i, j):
                     if slots[k][h] is not None:
                         take(h, k)
             else:
                 for k in range(i, j):
-                    keys = [None if w is None else w.key for w in slots[k]]
-                    key = _winner(keys, weights)
+                    keys = [None if slots[k][h] is None else slots[k][h].key for h in voters]
+                    key = _winner(keys, weight)
                     if key is not None:
-                        take(keys.index(key), k)
+                        take(voters[keys.index(key)], k)
             i = j
         self.decided = i
         return out
+
+    def _deviates(self, i: int, j: int) -> bool:
+        """Whether the backbone's word count in slots [i, j) is out of `confirm`'s bounds against
+        the median of the other hypotheses' (a runaway, a loop, a deleted passage)."""
+        hi, lo, least = self.confirm
+        counts = sorted(sum(self.slots[k][h] is not None for k in range(i, j)) for h in range(1, len(self.weights)))
+        mid = len(counts) // 2
+        median = counts[mid] if len(counts) % 2 else (counts[mid - 1] + counts[mid]) / 2
+        own = sum(self.slots[k][0] is not None for k in range(i, j))
+        return (own - median >= least and own > hi * median) or (median - own >= least and own < lo * median)
 
 
 def align(hypotheses: list[list[VoteWord]]) -> list[Slot]:
@@ -364,7 +390,8 @@ def align(hypotheses: list[list[VoteWord]]) -> list[Slot]:
     return stream.slots
 
 
-def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, phrases: bool = True) -> list[Voted]:
+def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, phrases: bool = True,
+         confirm: tuple[float, float, int] | None = None) -> list[Voted]:
     """The majority words, in order. Per slot the form (or the absence of a word) with the most
     weight (`weights`, one per hypothesis, 1 each by default) wins, written as the first
     hypothesis that has it wrote it; a tie goes to the form of the first hypothesis, the backbone.
@@ -375,8 +402,10 @@ def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, p
     "voice"). When two hypotheses or more say the same phrase, the phrase with the most weight
     (ties to the backbone's) is taken as its hypothesis wrote it; when every phrase differs, the run
     is voted on word by word. A phrase that differs from the backbone's by spacing only keeps the
-    backbone's words."""
-    stream = VoteStream(len(hypotheses), weights, phrases)
+    backbone's words. With `confirm`, the backbone's phrase in a disputed run stands when another
+    hypothesis says it too (and its length there is not off, `VoteStream.confirm`); otherwise the
+    other hypotheses vote on the run as above."""
+    stream = VoteStream(len(hypotheses), weights, phrases, confirm)
     return [v for h, words in enumerate(hypotheses) for v in stream.add(h, words)]
 
 
@@ -386,8 +415,8 @@ class SegmentVote:
     rewritten, once no later piece can change it. Pure: the segments handed back, in order, are
     those `revise` gives on the whole transcripts."""
 
-    def __init__(self, hypotheses: int, encode: Callable[[str], list[int]]):
-        self.stream = VoteStream(hypotheses)
+    def __init__(self, hypotheses: int, encode: Callable[[str], list[int]], confirm: tuple[float, float, int] | None = None):
+        self.stream = VoteStream(hypotheses, confirm=confirm)
         self.encode = encode
         self.given = [0] * hypotheses
         """Segments given per hypothesis: the index of the next one."""
@@ -425,12 +454,12 @@ class SegmentVote:
 
 
 def revise(segments: list[TranscriptSegment], others: list[list[tuple[float, float, str]]],
-           encode: Callable[[str], list[int]]) -> None:
+           encode: Callable[[str], list[int]], confirm: tuple[float, float, int] | None = None) -> None:
     """Rewrite `segments` (the backbone's, in order) in place to the vote's outcome over them and
     `others` (each another hypothesis's segments as (start s, end s, text), in order). A segment
     whose words changed gets the new text and its tokens (`encode`; no token log-probabilities any
     more); one that lost every word gets an empty text, for the caller to drop. Times stay."""
-    voter = SegmentVote(1 + len(others), encode)
+    voter = SegmentVote(1 + len(others), encode, confirm)
     voter.add(0, segments)
     for h, spans in enumerate(others, start=1):
         voter.add(h, spans)

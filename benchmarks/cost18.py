@@ -4,6 +4,9 @@ the product (four transcripts, the majority) and once with the `confirmed+guard`
 same machine one after the other.
 
     python benchmarks/cost18.py --files messy-en-8-0 --label product --out acc18_cost_product.json
+
+(It replaces session 16's cost16.py, which timed the product with `plain` decoded beside it: since
+session 18 `accurate` decodes `plain` itself. That script is in git history, 2b5fcb4.)
 """
 
 from __future__ import annotations

@@ -27,17 +27,22 @@ HELD_EXTRA = ("acc14_product_held2_tiny.json", "acc15_hyps_held2_tiny.json")
 NAMES = {"plain": "plain", "late": "late", "accurate-vote": "vote5"}
 
 
-def load_all(plain_files: list[str]) -> dict[str, dict[str, list[tuple]]]:
-    """{file name: {system: [(start, end, text)]}}: vote14's transcripts and this session's."""
-    data = load("acc13_main", "acc14_hyps", HELD_EXTRA)
-    for f in plain_files:
+def add_runs(data: dict[str, dict[str, list[tuple]]], files: list[str], names: dict[str, str]) -> dict:
+    """Add to `data` the runs of the result `files` (hyps14.py's format) whose system `names` maps
+    to a short name (files that do not exist are skipped)."""
+    for f in files:
         path = RESULTS / f
         if not path.exists():
             continue
         for r in json.loads(path.read_text())["runs"]:
-            if r["system"] in NAMES:
-                data.setdefault(r["file"], {})[NAMES[r["system"]]] = [tuple(s[-3:]) for s in r["segments"]]
+            if r["system"] in names:
+                data.setdefault(r["file"], {})[names[r["system"]]] = [tuple(s[-3:]) for s in r["segments"]]
     return data
+
+
+def load_all(plain_files: list[str]) -> dict[str, dict[str, list[tuple]]]:
+    """{file name: {system: [(start, end, text)]}}: vote14's transcripts and this session's."""
+    return add_runs(load("acc13_main", "acc14_hyps", HELD_EXTRA), plain_files, NAMES)
 
 
 def main() -> None:

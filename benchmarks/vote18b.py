@@ -8,7 +8,8 @@ Rules: anything vote18.py knows, and `cg:oK`: the product's streamed vote (`Vote
 same phrase (no opposition strong enough to overrule it); a phrase out of the guard's bounds is
 replaced whatever the others say. `cg:o1` is `confirmed+guard` as adopted in session 18.
 `cg:pair` (`PairOverruled`): `cg:o1`, and a `plain` phrase that only `acc` confirms is replaced where
-`unp`, `fast` and `fastb5` all say one other phrase.
+`unp`, `fast` and `fastb5` all say one other phrase. `cg+NAME`: `confirmed+guard` over the five and a
+sixth cached transcript (`cg+fw1`: a proxy for a greedy `plain` chain, not a candidate).
 Files, groups, fw figures and the table as vote18.py (its loader and references); `--specs fresh3`
 is the joins decoded in session 18b (acc18b_hyps_fresh3_{tiny,base}.json, acc18b_fw{5,1}_fresh3_{tiny,base}.json).
 """
@@ -37,11 +38,12 @@ def load() -> dict[str, dict[str, list[tuple]]]:
     names = {"accurate": "acc", "unprompted": "unp", "fast": "fast", "fast-b5": "fastb5", "plain": "plain"}
     add_runs(data, FRESH3_FILES["hyps"], names)
     for fw in ("fw5", "fw1"):
-        for f in FRESH3_FILES[fw]:
+        for f in list(vote18.FW[fw]) + FRESH3_FILES[fw]:
             path = RESULTS / f
-            if path.exists():
+            if path.exists():  # trace_fw.py's segments: (seek, start, end, temperature, avg_logprob, text)
                 for r in json.loads(path.read_text())["runs"]:
-                    data.setdefault(r["file"], {})[fw] = [tuple(s[-3:]) for s in r["segments"]]
+                    data.setdefault(r["file"], {})[fw] = [(s[1], s[2], s[-1]) if len(s) == 6 else tuple(s[-3:])
+                                                          for s in r["segments"]]
     return data
 
 
@@ -68,7 +70,23 @@ def overruled(texts: dict[str, list[tuple]], k: int, pair: bool = False) -> str 
     return " ".join(v.word.text for v in out)
 
 
+def with_sixth(texts: dict[str, list[tuple]], sixth: str) -> str | None:
+    """`confirmed+guard` (`VoteStream(confirm=GUARD)`) over the five and a sixth transcript, last:
+    a proxy, not a candidate (`cg+fw1`: faster-whisper's greedy sequential transcription standing
+    in for a greedy `plain` chain, which `accurate` does not decode; accuracy18b.md, D)."""
+    names = vote18.ORDER + [sixth]
+    if any(n not in texts for n in names):
+        return None
+    stream = VoteStream(len(names), confirm=vote18.GUARD)
+    out = []
+    for h, n in enumerate(names):
+        out += stream.add(h, words_of([t for _, _, t in texts[n]], [(a, b) for a, b, _ in texts[n]]))
+    return " ".join(v.word.text for v in out)
+
+
 def text_of(texts: dict[str, list[tuple]], rule: str) -> str | None:
+    if rule.startswith("cg+"):
+        return with_sixth(texts, rule[3:])
     if rule.startswith("cg:o"):
         return overruled(texts, int(rule[4:]))
     if rule == "cg:pair":

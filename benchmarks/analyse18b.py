@@ -34,6 +34,7 @@ import re
 from common import normalizer, write_json
 
 import vote18
+import vote18b
 from messy import errors_by_prompt
 from vote14 import combine
 from vote18 import GUARD, ORDER, Confirmed
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     specs = args.specs.split(",")
-    refs, data = vote18.references(specs), vote18.load()
+    refs, data = vote18.references(specs), vote18b.load()
     rows, totals = [], {}
     for spec in specs:
         row = analyse(spec, refs[spec], data[refs[spec]["name"]])

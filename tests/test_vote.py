@@ -126,6 +126,23 @@ def test_a_passage_the_backbone_drops_comes_back_though_another_drops_it_too():
     assert " ".join(texts(vote(hyps, confirm=(1.5, 0.6, 99)))) == "Hello there. Goodbye now."  # no guard: kept out
 
 
+def test_an_unconfirmed_backbone_phrase_needs_overrule_others_agreeing_to_be_replaced():
+    """`overrule` (off at 1, docs/notes/accuracy18b.md): the backbone alone says "caller", the
+    others "color" three times and "collar" once. Any vote (1) or a majority of the four (3)
+    replaces it; only a unanimous opposition (4) would, so it stands; against four "color" it goes."""
+    def run(others: tuple[str, ...], overrule: int) -> str:
+        hyps = [words_of([" I have a caller waiting."])] + [words_of([f" I have a {w} waiting."]) for w in others]
+        stream = VoteStream(len(hyps), confirm=CONFIRM, overrule=overrule)
+        return " ".join(v.word.text for h, words in enumerate(hyps) for v in stream.add(h, words))
+
+    split, unanimous = ("color", "collar", "color", "color"), ("color",) * 4
+    assert run(split, 1) == run(split, 3) == "I have a color waiting."
+    assert run(split, 1) == " ".join(texts(vote([words_of([" I have a caller waiting."])]
+                                                + [words_of([f" I have a {w} waiting."]) for w in split], confirm=CONFIRM)))
+    assert run(split, 4) == "I have a caller waiting."
+    assert run(unanimous, 4) == "I have a color waiting."
+
+
 # --- the vote as the transcripts are decoded ---------------------------------------------------------
 
 def simulated(seed: int, words: int = 400) -> list[list[tuple[float, float, str]]]:

@@ -264,7 +264,7 @@ class VoteStream:
     hypotheses disagree is decided once a slot where they all agree (or the end) closes it."""
 
     def __init__(self, hypotheses: int, weights: list[float] | None = None, phrases: bool = True,
-                 confirm: tuple[float, float, int] | None = None):
+                 confirm: tuple[float, float, int] | None = None, overrule: int = 1):
         self.weights = weights or [1.0] * hypotheses
         self.phrases = phrases
         self.confirm = confirm
@@ -272,6 +272,11 @@ class VoteStream:
         phrase in a run where another hypothesis says the same phrase and its word count there is
         neither above HI x nor below LO x the median of the others' (by MIN words at least); any
         other run takes the other hypotheses' vote (docs/notes/accuracy18.md, `confirmed+guard`)."""
+        self.overrule = overrule
+        """With `confirm`: how many of the other hypotheses must say one same phrase to replace an
+        unconfirmed backbone phrase (within the bounds). 1: any vote replaces it (session 18);
+        `hypotheses - 1`: only a unanimous opposition does. A phrase out of the bounds is replaced
+        whatever the others say."""
         self.stages = [_Stage(width) for width in range(1, hypotheses)]
         self.first_segment: int | None = None
         """The backbone segment of its first word: that of words before it."""
@@ -348,7 +353,7 @@ class VoteStream:
             weights = self.run_weights(i, j, said)
             voters = list(range(len(self.weights)))
             if self.confirm is not None:
-                if said[0] in said[1:] and not self._deviates(i, j):
+                if self.keeps_backbone(i, j, said):
                     for k in range(i, j):
                         if slots[k][0] is not None:
                             take(0, k)
@@ -370,6 +375,14 @@ class VoteStream:
             i = j
         self.decided = i
         return out
+
+    def keeps_backbone(self, i: int, j: int, said: list[str]) -> bool:
+        """With `confirm`: whether the disputed run of slots [i, j) keeps the backbone's phrase
+        (`said`: each hypothesis's phrase there): another hypothesis says it too, or fewer than
+        `overrule` of the others say one same phrase; and its word count is within the bounds."""
+        others = said[1:]
+        confirmed = said[0] in others or max(others.count(p) for p in others) < self.overrule
+        return confirmed and not self._deviates(i, j)
 
     def _deviates(self, i: int, j: int) -> bool:
         """Whether the backbone's word count in slots [i, j) is out of `confirm`'s bounds against

@@ -312,6 +312,15 @@ def text_of(texts: dict[str, list[tuple]], rule: str) -> str | None:
     return combine(texts, rule)
 
 
+def score(rec: dict, text: str | None) -> dict | None:
+    """A rule's text of a recording and its word errors against `rec`'s reference (None when the
+    rule had no text: a transcript it needs is not cached)."""
+    if text is None:
+        return None
+    e, n = errors(rec["reference"], text, rec["language"])
+    return {"errors": e, "words": n, "wer_%": round(100 * e / n, 2), "text": text}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rules", default="product,plain,g:1.5:0.6:4")
@@ -338,12 +347,12 @@ def main() -> None:
         texts = data.get(rec["name"], {})
         row, line = {"file": rec["name"], "spec": spec, "group": group}, rec["name"].ljust(18)
         for rule in rules:
-            text = text_of(texts, rule)
-            if text is None:
+            row[rule] = score(rec, text_of(texts, rule))
+            if row[rule] is None:
+                del row[rule]
                 line += "-".rjust(width[rule])
                 continue
-            e, n = errors(rec["reference"], text, rec["language"])
-            row[rule] = {"errors": e, "words": n, "wer_%": round(100 * e / n, 2), "text": text}
+            e = row[rule]["errors"]
             totals[group][rule] += e
             if spec in HELD_OUT:
                 totals["held out (all)"][rule] += e

@@ -117,13 +117,12 @@ def main() -> None:
         row["bars"] = bars
         line = rec["name"].ljust(18)
         for rule in rules:
-            text = text_of(texts, rule)
-            if text is None:
+            scored = vote18.score(rec, text_of(texts, rule))
+            if scored is None:
                 line += "-".rjust(w[rule])
                 continue
-            e, n = errors(rec["reference"], text, rec["language"])
-            row[rule] = {"errors": e, "words": n, "text": text,
-                         "criterion": all(c in bars and e < bars[c] for c in ("fw5", "fw1", "fast"))}
+            e = scored["errors"]
+            row[rule] = {**scored, "criterion": all(c in bars and e < bars[c] for c in ("fw5", "fw1", "fast"))}
             totals[rule] += e
             met[rule] += row[rule]["criterion"]
             line += str(e).rjust(w[rule])

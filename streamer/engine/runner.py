@@ -196,32 +196,35 @@ class Runner:
         self.async_steps = self.use_graphs if async_steps is None else async_steps
         # Read-backs pending, oldest first: at most a decode step's and an admission's first tokens.
         self.in_flight: list[_InFlight] = []
+        if step_sms < 0 or (step_sms and not overlap_encoder):
+            raise ValueError(f"step_sms={step_sms}: the SMs decode steps keep while an encoder pass runs beside "
+                             "them (overlap_encoder), or 0")
+        # With `step_sms`: the encoder on a green context of the SMs the steps leave it, and the
+        # steps, while a pass runs, from graphs captured on a green context of `step_sms` SMs
+        # (`self.confined`); when none runs, from the usual graphs on every SM.
+        self.step_part = encoder_part = None
+        if step_sms and overlap_encoder and self.use_graphs:
+            self.step_part, encoder_part = green_pair(step_sms, self.device)
         # A second stream for the encoder: a batch's encoder pass (compute-bound) runs beside the
         # decode steps (memory-bound) of the sequences already live, which go on at their own pace
         # instead of waiting for it; the batch joins them in the first step after its pass is done.
-        self.side = torch.cuda.Stream(self.device) if overlap_encoder and self.device.type == "cuda" else None
+        self.side = None
+        if overlap_encoder and self.device.type == "cuda":
+            self.side = encoder_part.stream if encoder_part is not None else torch.cuda.Stream(self.device)
         # With the side stream, steps run on a stream of higher priority than the side stream
         # (CUDA's default priority is its lowest): whenever SMs free up, the block scheduler
         # dispatches the decode step's small memory-bound kernels before more encoder blocks, so
         # a step is not stretched by the encoder pass running beside it.
         self.main = torch.cuda.Stream(self.device, priority=-1) if self.side is not None and decode_priority else None
-        # With `step_sms`: the encoder on a green context of the SMs the steps leave it, and the
-        # steps, while a pass runs, from graphs captured on a green context of `step_sms` SMs
-        # (`self.confined`); when none runs, from the usual graphs on every SM.
-        if step_sms < 0 or (step_sms and not overlap_encoder):
-            raise ValueError(f"step_sms={step_sms}: the SMs decode steps keep while an encoder pass runs beside "
-                             "them (overlap_encoder), or 0")
-        self.step_part = None
-        if step_sms and self.side is not None and self.use_graphs:
-            self.step_part, encoder_part = green_pair(step_sms, self.device)
-            self.side = encoder_part.stream
         self.confined: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.confined_steps = 0  # steps launched from `self.confined` (tests, benchmarks)
         self.encoding: list[_Encoding] = []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.encoder_graphs: dict[int, _EncoderGraph] = {}  # by batch size, captured by `warm_encoder`
         self.encoder_pool = None
-        self.encoder_stream = None  # the encoder graphs' capture stream
+        # the encoder graphs' capture stream (made on first use); on an SM partition the encoder's
+        # green context's, which confines the graphs
+        self.encoder_stream = encoder_part.stream if encoder_part is not None else None
         self.gumbel = None  # [slots, V] Gumbel draws of the sampled rows: the captured steps' input
         self.logprobs = None  # [slots, V] every token's log-probability: the captured steps' output
         self.pool = None
@@ -643,8 +646,8 @@ class Runner:
         # a graph replays with the workspace of the stream it was captured on. The decoder's graphs
         # are captured on torch's default capture stream; captured there too, an encoder pass on
         # the side stream would share their workspace while a decode step runs beside it.
-        if self.encoder_stream is None:  # on an SM partition: its green context's, which confines the graphs
-            self.encoder_stream = self.side if self.step_part is not None else torch.cuda.Stream(self.device)
+        if self.encoder_stream is None:
+            self.encoder_stream = torch.cuda.Stream(self.device)
         stream = self.encoder_stream
         stream.wait_stream(torch.cuda.current_stream())
         with attention_for("encoder"):  # the backend chosen here is baked into the graph

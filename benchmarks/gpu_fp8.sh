@@ -8,7 +8,7 @@
 # Here first, in the repo root of the checkout that makes the calls:
 #   python benchmarks/make_gpu_inputs.py --no-base     # builds .carry/ (ignored by git), ~5 s
 # then three device calls back to back (the machine stays warm 30 s after a call):
-#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a", ".carry/inputs"], timeout_s=60)
+#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a"], timeout_s=60)
 #   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels", ".carry/audio"], timeout_s=60)
 #   3. run(command="bash benchmarks/gpu_fp8.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # Env: SKIP_TESTS=1, SKIP_CROSS=1, SKIP_ENGINE=1, SKIP_ATTN=1, SHAPES (large-v3,large-v3-turbo),

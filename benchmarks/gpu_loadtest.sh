@@ -5,7 +5,7 @@
 #
 # Here first: python benchmarks/make_gpu_inputs.py --no-base   (builds .carry/, ignored by git)
 # then three device calls back to back (the machine stays warm 30 s after a call):
-#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a", ".carry/inputs"], timeout_s=60)
+#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a"], timeout_s=60)
 #   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels", ".carry/audio"], timeout_s=60)
 #   3. run(command="bash benchmarks/gpu_loadtest.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # PLAN=full (default): tiny.en at CLIENTS, the turbo shape at TURBO_CLIENTS, one process at SINGLE_CLIENTS.

@@ -7,9 +7,9 @@
 #   python benchmarks/make_gpu_inputs.py --no-base     # builds .carry/ (ignored by git), ~5 s
 # then four device calls back to back (the machine stays warm 30 s after a call; /tmp/stage keeps
 # what the stage calls brought; if it went back, the last says what is missing: redo 1-3):
-#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a", ".carry/inputs"], timeout_s=60)
+#   1. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/tiny_a"], timeout_s=60)
 #   2. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/wheels"], timeout_s=60)
-#   3. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/audio", ".carry/wheels_b"], timeout_s=60)
+#   3. run(command="bash benchmarks/gpu_stage.sh", carry=[".carry/audio", ".carry/wheels_b", ".carry/inputs"], timeout_s=60)
 #   4. run(command="bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # A second full run while the machine is warm: call 3 again, with env vars in front, e.g.
 #   run(command="SKIP_TESTS=1 PRECISIONS=full_fp16 bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import difflib
+import math
 import threading
 import time
 
@@ -412,28 +412,29 @@ def test_encoder_on_a_second_stream_changes_no_token(manifest):
             engine.close()
     # Which windows share an encoder batch or a decode bucket depends on when the engine thread
     # picks them up, and fp16 GEMMs round differently per batch size: on the H200 that moved one
-    # window's last timestamp by 0.16 s (session 10) and turned one "," into "." in one window of
-    # twelve (2 of 5 runs, session 14, with the first tokens read back a step later). Features
-    # from a wrong window or a stream race change whole texts; so: at most one window's text tokens
-    # differ, by at most 3 token edits, and where the text is equal each timestamp is within 0.2 s.
+    # window's last timestamp by 0.16 s (session 10), turned one "," into "." in one window of
+    # twelve (session 14) and, once greedy decoding took the other branch of a near-tie, changed 8
+    # tokens of one window (session 19, in a different variant on each of two runs). Features from
+    # a wrong window or a stream race change whole texts, from a confident token on; so: at most
+    # one window differs, where it first differs both runs' tokens were a near-tie (neither above
+    # 0.6, within 0.25 nats of each other), and where the text is equal each timestamp is within 0.2 s.
     tb = loaded.tokenizer.timestamp_begin
     for name, kw in variants.items():
         baseline = "one stream" if kw.get("encoder_graphs", True) else "one stream, eager encoder"
-        edits = []
+        differ = 0
         for got, want in zip(results[name], results[baseline], strict=True):
             text_got, text_want = [t for t in got.tokens if t < tb], [t for t in want.tokens if t < tb]
-            edits.append(_token_edits(text_got, text_want))
             if text_got == text_want:
                 stamps = [(g, w) for g, w in zip(got.tokens, want.tokens) if g >= tb or w >= tb]
                 assert all(g >= tb and w >= tb and abs(g - w) <= 10 for g, w in stamps), (name, stamps)
-        assert sum(e > 0 for e in edits) <= 1 and max(edits) <= 3, (name, edits)
+                continue
+            differ += 1
+            i = next((i for i, (g, w) in enumerate(zip(got.tokens, want.tokens)) if g != w),
+                     min(len(got.tokens), len(want.tokens)))  # or where the shorter one ended
+            tie = [r.token_logprobs[i] for r in (got, want) if i < len(r.tokens)]
+            assert max(tie) < math.log(0.6) and max(tie) - min(tie) < 0.25, (name, i, got.tokens[i:i + 1], want.tokens[i:i + 1], tie)
+        assert differ <= 1, (name, differ)
     assert all(r.text for r in results["pipeline, decode first"])
-
-
-def _token_edits(a: list[int], b: list[int]) -> int:
-    """Tokens to replace, insert or delete to turn `a` into `b` (difflib's matching blocks)."""
-    return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-               if op != "equal")
 
 
 def test_a_speed_only_shape_decodes_three_tokens_per_second_of_audio():

@@ -1,7 +1,8 @@
 """Where `accurate` spends an engine's time with many recordings at once (the GPU's `accurate`
 uploads are engine-bound: core busy 0.94-0.98 at 32 uploads, session 18/19): N recordings of
-`bench_uploads.py`'s set through `transcribe_accurate` in one process, the engine thread's time
-split by `Runner.execute`'s parts; run it under `py-spy record --threads -f raw` for the stacks.
+`bench_uploads.py`'s set through `transcribe_accurate` in one process: audio seconds per second,
+engine steps (admission steps, mean rows) and their host time; run it under `py-spy record --threads
+-f raw` for where that time goes (the vote shares this interpreter: the server's core does not).
 
     python benchmarks/profile_accurate.py --device cuda --model tiny.en --uploads 32 --files 8 --minutes 2
 """

@@ -16,11 +16,16 @@ MAX_BEAM = 5
 TOPK = MAX_BEAM + 1
 
 
+def _score(candidate: tuple[float, int, int]) -> float:
+    return candidate[0]
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]
     sum_logprob: float
-    source: int = 0  # from `select`: the first of the current beams whose tokens this one continues
+    source: int = 0  # from `select`: the current beam whose tokens this one continues
+    last_timestamp: int = -1  # the largest timestamp token in `tokens` (the sampler's rules read it)
 
 
 @dataclass
@@ -30,6 +35,7 @@ class BeamGroup:
     max_new: int
     patience: float = 1.0
     length_penalty: float | None = None
+    timestamp_begin: int | None = None  # the first timestamp token (None: no timestamps to track)
     finished: list[Hypothesis] = field(default_factory=list)
 
     @property
@@ -43,28 +49,29 @@ class BeamGroup:
     def select(self, beams: list[Hypothesis], top_logprobs: list[list[float]], top_ids: list[list[int]]) -> list[Hypothesis]:
         """Next beams (one per slot, best first) from each current beam's top candidates.
 
-        A candidate is a token sequence (beams with equal tokens propose the same ones: the best
-        score counts), keyed here by (the first beam with its prefix, token): one tuple per beam,
-        not one per candidate (this runs for every beam group at every step, on the engine thread)."""
-        first: dict[tuple[int, ...], int] = {}
-        sources = [first.setdefault(tuple(beam.tokens), i) for i, beam in enumerate(beams)]
-        candidates: dict[tuple[int, int], float] = {}
-        for source, beam, lps, ids in zip(sources, beams, top_logprobs, top_ids):
-            for lp, token in zip(lps, ids):
-                key = (source, token)
-                score = beam.sum_logprob + lp
-                if candidates.get(key, float("-inf")) < score:
-                    candidates[key] = score
+        `beams` hold distinct token sequences, as a group's always do (`first` starts from one
+        beam, and each step extends distinct beams by distinct tokens), so every (beam, token) is
+        a distinct candidate: no sequence keys to build (this runs for every beam group at every
+        step, on the engine thread). Ties keep the candidates' order, beam by beam."""
+        candidates = sorted(
+            ((beam.sum_logprob + lp, source, token)
+             for source, (beam, lps, ids) in enumerate(zip(beams, top_logprobs, top_ids))
+             for lp, token in zip(lps, ids)),
+            key=_score, reverse=True)
         chosen = []
-        for (source, token), score in sorted(candidates.items(), key=lambda kv: kv[1], reverse=True):
-            tokens = beams[source].tokens + [token]
+        tb = self.timestamp_begin
+        for score, source, token in candidates:
+            parent = beams[source]
             if token == self.eot:
                 if len(self.finished) < self.max_finished:
-                    self.finished.append(Hypothesis(tokens, score, source))
-            else:
-                chosen.append(Hypothesis(tokens, score, source))
-                if len(chosen) == self.beam_size:
-                    break
+                    self.finished.append(Hypothesis(parent.tokens + [token], score, source, parent.last_timestamp))
+                continue
+            last = parent.last_timestamp
+            if tb is not None and token >= tb and token > last:
+                last = token
+            chosen.append(Hypothesis(parent.tokens + [token], score, source, last))
+            if len(chosen) == self.beam_size:
+                break
         return chosen
 
     def done(self, beams: list[Hypothesis]) -> bool:

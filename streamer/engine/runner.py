@@ -84,6 +84,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # per sampled token (greedy/sampling; not beams)
     done: bool = False
     group: BeamGroup | None = None  # beam search: the slots of one request share a group
+    beam: Hypothesis | None = None  # beam search: this slot's hypothesis (None before the first token)
     generator: torch.Generator | None = None  # a sampled attempt's own draws, seeded from the request
 
     @property
@@ -397,31 +398,34 @@ class Runner:
                 seq.done = True
                 finished.append(row)
         beams = _BeamMoves()
-        if groups:  # the candidates as lists once, not two tensor indexings per group
-            top = (top[0].tolist(), top[1].tolist())
-        for group_rows in groups.values():
-            finished += self._advance_beams(group_rows, top, out, beams)
+        if groups:  # the grouped rows' candidates as lists, once (not every row's, not per group)
+            grouped = torch.tensor([r for group_rows in groups.values() for r in group_rows])
+            top_lp, top_ids = top[0][grouped].tolist(), top[1][grouped].tolist()
+            i = 0
+            for group_rows in groups.values():
+                j = i + len(group_rows)
+                finished += self._advance_beams(group_rows, top_lp[i:j], top_ids[i:j], out, beams)
+                i = j
         self._move_beams(beams)
         for row in sorted(finished, reverse=True):
             if self.slots[row].group is None or self.slots[row].done:
                 out.finished.append(self.slots[row])
         self._remove_rows(finished)
 
-    def _advance_beams(self, rows: list[int], top: tuple[list, list], out: StepResult, moves: _BeamMoves) -> list[int]:
-        """Choose the group's next beams; what their K/V and sampler state need on the device goes
-        into `moves` (`_move_beams` applies every group's at once).
+    def _advance_beams(self, rows: list[int], top_lp: list[list[float]], top_ids: list[list[int]], out: StepResult,
+                       moves: _BeamMoves) -> list[int]:
+        """Choose the group's next beams from its rows' top candidates; what their K/V and sampler
+        state need on the device goes into `moves` (`_move_beams` applies every group's at once).
 
         Returns the group's rows when it is finished (the first row then holds the best hypothesis).
         """
         seqs = [self.slots[r] for r in rows]
         group = seqs[0].group
-        top_lp, top_ids = [top[0][r] for r in rows], [top[1][r] for r in rows]
-        if not seqs[0].tokens:  # first token: every beam still has the same prefix
+        if seqs[0].beam is None:  # first token: every beam still has the same prefix
             beams = group.first(top_lp[0], top_ids[0])
             sources = list(range(len(beams)))
         else:
-            current = [Hypothesis(s.tokens, s.sum_logprob) for s in seqs]
-            beams = group.select(current, top_lp, top_ids)
+            beams = group.select([s.beam for s in seqs], top_lp, top_ids)
             sources = [b.source for b in beams]
         if group.done(beams) or len(beams) < len(rows):
             best = group.best(beams)
@@ -432,11 +436,10 @@ class Runner:
         moves.moves += [(rows[i], row) for i, row in zip(sources, rows) if rows[i] != row]
         moves.upto = max(moves.upto, max(len(s.initial) + len(s.tokens) for s in seqs))
         for seq, beam in zip(seqs, beams):
-            seq.tokens, seq.sum_logprob = beam.tokens, beam.sum_logprob
-        tb = self.tok.timestamp_begin
+            seq.tokens, seq.sum_logprob, seq.beam = beam.tokens, beam.sum_logprob, beam
         moves.rows += rows
-        moves.fields += [[len(b.tokens), b.tokens[-1], b.tokens[-2] if len(b.tokens) > 1 else -1,
-                          max([t for t in b.tokens if t >= tb], default=-1)] for b in beams]
+        moves.fields += [[len(b.tokens), b.tokens[-1], b.tokens[-2] if len(b.tokens) > 1 else -1, b.last_timestamp]
+                         for b in beams]
         return []
 
     def _move_beams(self, beams: _BeamMoves) -> None:
@@ -702,7 +705,8 @@ class Runner:
             group = None
             if opts.beam_size > 1:
                 group = groups.setdefault(r.id, BeamGroup(opts.beam_size, self.tok.eot, limit,
-                                                          length_penalty=opts.length_penalty))
+                                                          length_penalty=opts.length_penalty,
+                                                          timestamp_begin=self.tok.timestamp_begin))
             generator = None
             if r.temperature > 0:
                 generator = torch.Generator(self.device)

@@ -8,11 +8,12 @@ load() {
     --out "$OUT/bench_streaming_${name}_h200.json" "$@" 2>&1 | grep -v "INFO\|WARNING\|SyntaxWarning" > "$OUT/load_$name.log"
   echo "== $name rc=${PIPESTATUS[0]} $((SECONDS - s)) s"; grep -A2 "^clients  failed" "$OUT/load_$name.log" | head -3
 }
-# `uploads NAME TREE`: 32 concurrent tiny.en uploads (fast) through TREE's server and bench_uploads.py
-# (TREE: this checkout, or an older one under .carry/), $OUT/bench_uploads_NAME.json and uploads_NAME.log.
+# `uploads NAME TREE [MODE]`: 32 concurrent tiny.en uploads (MODE: fast, or accurate) through TREE's server
+# and bench_uploads.py (TREE: this checkout, or an older one under .carry/), $OUT/bench_uploads_NAME.json
+# and uploads_NAME.log.
 uploads() {
-  (cd $2/benchmarks && PYTHONPATH=$2:$T/site BENCH_RESULTS_DIR="$OUT" timeout -k 10 100 python3 bench_uploads.py --device cuda \
-    --model "tiny.en=$TINY" --uploads 32 --files 8 --minutes 2 --modes fast --systems ours --hf-dir /tmp/hf \
+  (cd $2/benchmarks && PYTHONPATH=$2:$T/site BENCH_RESULTS_DIR="$OUT" timeout -k 10 150 python3 bench_uploads.py --device cuda \
+    --model "tiny.en=$TINY" --uploads 32 --files 8 --minutes 2 --modes ${3:-fast} --systems ours --hf-dir /tmp/hf \
     --out "bench_uploads_$1.json") > "$OUT/uploads_$1.log" 2>&1
   echo "== $1 rc=$?"; grep -E "^tiny.en +ours|server up" "$OUT/uploads_$1.log" | head -2
 }

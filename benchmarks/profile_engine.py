@@ -132,7 +132,7 @@ def profile(shape: str, precision: str, n: int, tokens: int, tokenizer: str, win
     gpu = busy_us(intervals) / 1e6
     row.update(profiled_wall_s=prof_wall, gpu_busy_s=gpu, gpu_idle_s=prof_wall - gpu,
                kernel_s_by_kind={k: v / 1e6 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
-               top_kernels=[(k, v / 1e6) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:15]])
+               top_kernels=[(k, v / 1e6) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:40]])
 
     # 3. each admission part timed alone: synchronised before and after (so parts cannot overlap).
     runner, parts = engine.runner, defaultdict(float)

@@ -72,6 +72,10 @@ def load_table(path: str) -> dict[tuple[int, int], list[tuple[int, GemmLaunch | 
 
 
 MODE = os.environ.get("STREAMER_DECODE_LINEAR", "off")
+GELU_EPILOGUE = os.environ.get("STREAMER_GELU_EPILOGUE", "off")
+"""An A/B only: "tanh" runs fc1 + GELU as one cuBLASLt GEMM with its GELU epilogue, which is the tanh
+approximation (within ~5e-4 of the exact GELU Whisper was trained with, about half an fp16 step at
+1.0): the separate GELU pass goes (0.069 s of a 3.3-s run of 256 large-v3 windows on the H200)."""
 """"off" (default): cuBLAS; "rule": the kernel everywhere up to MAX_ROWS rows; else a table's path."""
 LAUNCHES: dict[tuple[int, int], list[tuple[int, GemmLaunch | None]]] = {}
 """(N, K) -> [(max rows, launch or None for cuBLAS), ...]: the table MODE names."""
@@ -102,6 +106,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -
         launch = choose_launch(rows, weight.shape[0], weight.shape[1], num_sms(x.device))
         if launch is not None:
             return decode_linear_triton(x, weight, bias, gelu, launch)
+    if gelu and GELU_EPILOGUE == "tanh" and x.is_cuda and bias is not None:
+        y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+        return y.view(*x.shape[:-1], weight.shape[0])
     y = F.linear(x, weight, bias)
     return bias_gelu(y, None) if gelu else y
 

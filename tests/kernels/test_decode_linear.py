@@ -88,3 +88,15 @@ def test_bad_shapes_are_refused():
         dl.decode_linear_triton(x, w, b[:8])
     with pytest.raises(ValueError, match="bad launch"):
         dl.decode_linear_triton(x, w, b, launch=dl.GemmLaunch(8, 32, 32, 1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLASLt's GELU epilogue is CUDA's")
+def test_gelu_epilogue_is_the_tanh_gelu_of_the_linear(monkeypatch):
+    """STREAMER_GELU_EPILOGUE=tanh (an A/B): fc1 + GELU as one GEMM, within fp16 rounding of the
+    tanh-approximated GELU of the fp32 linear, on an odd batch shape."""
+    monkeypatch.setattr(dl, "GELU_EPILOGUE", "tanh")
+    x = torch.randn(3, 37, 96, device="cuda", dtype=torch.float16)
+    w = (torch.randn(200, 96, device="cuda") / 10).half()
+    b = torch.randn(200, device="cuda").half()
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(x.float(), w.float(), b.float()), approximate="tanh")
+    torch.testing.assert_close(dl.linear(x, w, b, gelu=True).float(), want, rtol=2e-3, atol=2e-3)

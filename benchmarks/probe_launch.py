@@ -12,6 +12,7 @@ Needs CUDA. Prints a table and writes benchmarks/results/probe_launch.json.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -45,18 +46,35 @@ def main() -> None:
     ln_w, ln_b = torch.ones(d, device=dev, dtype=dt), torch.zeros(d, device=dev, dtype=dt)
     x = torch.randn(8, 40, d, device=dev, dtype=dt)
     r = torch.randn_like(x)
-    big = torch.randn(1200, d, device=dev, dtype=dt)
+    big = torch.randn(1400, d, device=dev, dtype=dt)
     h = torch.randn(8, 40, 4 * d, device=dev, dtype=dt)
     heads = d // 64
     cache = torch.zeros(64, heads, 448, 64, device=dev, dtype=dt)
     kv = torch.randn(8, 40, heads, 64, device=dev, dtype=dt)
     rows = torch.arange(8, device=dev)[:, None].expand(8, 40)
     pos = torch.arange(40, device=dev)[None].expand(8, 40)
-    fresh = iter(range(1, 10 ** 6))
+    w3, b3 = torch.randn(3 * d, d, device=dev, dtype=dt) / 30, torch.randn(3 * d, device=dev, dtype=dt)  # never warmed
+    w4 = torch.randn(5 * d, d, device=dev, dtype=dt) / 30  # never warmed
+    fresh, fresh3, fresh4 = (iter(range(1, 10 ** 6)) for _ in range(3))
+
+    def bucketed(m: int) -> int:  # eight sizes an octave above 16 rows
+        return m if m <= 16 else -(-m // (1 << (m.bit_length() - 4))) * (1 << (m.bit_length() - 4))
+
+    def padded_linear(rows: torch.Tensor, w, b):
+        m = rows.shape[0]
+        buf = rows.new_empty(bucketed(m), rows.shape[1])
+        buf[:m] = rows
+        return F.linear(buf, w, b)[:m]
+
+    for i in range(1, 1300):  # the buckets, warmed
+        if bucketed(i) == i:
+            F.linear(big[:i], w3, b3)
     cases = {
         "F.linear, one shape [320, d]": lambda i: F.linear(x, w1, b1),
         "F.linear, a new row count each call": lambda i: F.linear(big[: 1 + next(fresh) % 1199], w2, b2),
         "F.linear, row counts seen before": lambda i: F.linear(big[: 1 + i % 1199], w1, b1),
+        "x @ w.t() (no bias), a new row count each call": lambda i: big[: 1 + next(fresh4) % 1199] @ w4.t(),
+        "padded to a bucket (warmed), new row counts": lambda i: padded_linear(big[: 1 + next(fresh3) % 1199], w3, b3),
         "layer_norm_triton, residual": lambda i: layer_norm_triton(x, ln_w, ln_b, 1e-5, residual=r),
         "F.layer_norm(x + r)": lambda i: F.layer_norm(x + r, (d,), ln_w, ln_b),
         "bias_gelu (Triton)": lambda i: bias_gelu(h, None),
@@ -67,6 +85,8 @@ def main() -> None:
     }
     for i in range(1, 1200):  # "seen before": every row count once, untimed
         F.linear(big[:i], w1, b1)
+    if os.environ.get("DISABLE_ADDMM_CUDA_LT"):
+        print("DISABLE_ADDMM_CUDA_LT =", os.environ["DISABLE_ADDMM_CUDA_LT"])
     out = [{"op": name, "us_per_call": round(per_call_us(fn, n), 1)} for name, fn in cases.items()]
     print(table(out, ["op", "us_per_call"]))
     write_json("probe_launch.json", {"command": f"python benchmarks/probe_launch.py --width {d} --calls {n}",

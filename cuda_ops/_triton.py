@@ -51,3 +51,16 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132
+
+
+EAGER_TORCH_MAX = 1 << 22
+"""Elements up to which a LayerNorm or GELU outside CUDA graph capture runs PyTorch's kernels rather
+than ours. Launching a Triton kernel costs the host 50-100 us, a PyTorch op 10-30 us
+(benchmarks/probe_launch.py, H200, session 20); an eager prefill of a few windows is bound by those
+launches, not by bytes (a quarter of `accurate`'s engine thread, py-spy), while in captured graphs
+and on big tensors our fused kernels win. Same function: fp32 statistics, fp16 results."""
+
+
+def eager_small(x: torch.Tensor) -> bool:
+    """Whether `x` (on CUDA) is small and outside graph capture: PyTorch's op is the cheaper launch."""
+    return x.numel() <= EAGER_TORCH_MAX and not torch.cuda.is_current_stream_capturing()

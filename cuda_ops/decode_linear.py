@@ -39,6 +39,57 @@ from cuda_ops.fp8 import bias_gelu
 MAX_ROWS = 256
 """Rows up to which `linear` may take the kernel (a decode step's; encoder GEMMs are cuBLAS's)."""
 
+BUCKET_ROWS_MAX = 16384
+"""Rows up to which an eager cuBLAS linear (outside graph capture: a prefill) runs at `row_bucket`'s
+row count. cuBLASLt looks up its kernel per new problem shape, and that lookup costs the host
+~260 us against ~20 us for a shape it has seen (benchmarks/probe_launch.py, H200, session 20): a
+prefill's rows are windows x prompt length, nearly always new, so a live final with a new prompt
+length paid it in each of the decoder's linears (6 a layer). Padded to a few sizes an octave, the
+shapes repeat, and `warm_linears` looks them all up before serving."""
+
+
+def row_bucket(m: int) -> int:
+    """m rounded up to one of eight sizes an octave (at most 12.5 % more; m itself up to 16)."""
+    if m <= 16:
+        return m
+    step = 1 << (m.bit_length() - 4)
+    return -(-m // step) * step
+
+
+def bucket_sizes(limit: int = BUCKET_ROWS_MAX) -> list[int]:
+    """Every row count `row_bucket` gives up to `limit`."""
+    sizes, m = [], 1
+    while m <= limit:
+        sizes.append(m)
+        m = row_bucket(m + 1)
+    return sizes
+
+
+def _bucketed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """F.linear(x, weight, bias) with x's rows padded to `row_bucket` (pad rows' outputs dropped)."""
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    padded = row_bucket(m)
+    if padded == m or m > BUCKET_ROWS_MAX:
+        return F.linear(x, weight, bias)
+    buf = rows.new_empty(padded, rows.shape[1])
+    buf[:m] = rows
+    return F.linear(buf, weight, bias)[:m].view(*x.shape[:-1], weight.shape[0])
+
+
+def warm_linears(linears: list, device: torch.device) -> None:
+    """Run every bucketed row count once through each distinct (weight shape, bias) of `linears`
+    (nn.Linear modules), so that cuBLAS has looked up their kernels before the first prefill."""
+    seen = set()
+    for lin in linears:
+        key = (tuple(lin.weight.shape), lin.bias is not None, lin.weight.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        x = torch.zeros(BUCKET_ROWS_MAX, lin.weight.shape[1], device=device, dtype=lin.weight.dtype)
+        for m in bucket_sizes():
+            F.linear(x[:m], lin.weight, lin.bias)
+
 
 class GemmLaunch(NamedTuple):
     block_m: int
@@ -100,7 +151,8 @@ def decode_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None, gelu
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -> Tensor:
     """F.linear(x, weight, bias) (then GELU, as `fp8.bias_gelu`) for x [..., K]: the split-K kernel for
-    a decode step's rows on CUDA where `choose_launch` has a launch, else cuBLAS."""
+    a decode step's rows on CUDA where `choose_launch` has a launch, else cuBLAS (outside graph
+    capture at a bucketed row count, `BUCKET_ROWS_MAX`)."""
     if MODE != "off" and x.is_cuda and x.dtype == weight.dtype == torch.float16 and triton_usable(x.device):
         rows = x.numel() // x.shape[-1]
         launch = choose_launch(rows, weight.shape[0], weight.shape[1], num_sms(x.device))
@@ -109,7 +161,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -
     if gelu and GELU_EPILOGUE == "tanh" and x.is_cuda and bias is not None:
         y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
         return y.view(*x.shape[:-1], weight.shape[0])
-    y = F.linear(x, weight, bias)
+    eager = x.is_cuda and not torch.cuda.is_current_stream_capturing()
+    y = _bucketed_linear(x, weight, bias) if eager else F.linear(x, weight, bias)
     return bias_gelu(y, None) if gelu else y
 
 

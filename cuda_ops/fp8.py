@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from cuda_ops._triton import eager_small
+
 try:
     import triton
     import triton.language as tl
@@ -273,7 +275,10 @@ def bias_gelu_triton(
 
 
 def bias_gelu(h: Tensor, bias: Tensor | None) -> Tensor:
-    """GELU(h + bias) in h's dtype: the kernel on CUDA, the reference elsewhere."""
+    """GELU(h + bias) in h's dtype: the kernel on CUDA, PyTorch's GELU for a small eager tensor there
+    (`eager_small`: the cheaper launch; it computes in fp32 too), the reference elsewhere."""
+    if _use_kernel(h) and bias is None and eager_small(h):
+        return F.gelu(h)
     return bias_gelu_triton(h, bias, quantize=False)[0] if _use_kernel(h) else bias_gelu_reference(h, bias)
 
 

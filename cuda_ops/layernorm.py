@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from ._triton import eager_small
 from .fp8 import FP8_DTYPE, quantize_rows_reference, row_launch
 
 try:
@@ -142,6 +143,12 @@ def layer_norm(
     y in x's dtype, or e4m3 with scale [...] float32 (y ~= y_fp8 * scale[..., None]) when out_fp8;
     residual_out = x + residual in x's dtype (None without a residual).
     """
+    if x.is_cuda and triton is not None and not out_fp8 and eager_small(x):
+        # outside graph capture, a small batch: PyTorch's add and LayerNorm launch cheaper than ours
+        # (fp32 statistics of the sum rounded to x's dtype, as the kernel does)
+        residual_out = None if residual is None else x + residual
+        y = F.layer_norm(x if residual is None else residual_out, (x.shape[-1],), weight, bias, eps)
+        return y, residual_out, None
     if x.is_cuda and triton is not None:
         return layer_norm_triton(x, weight, bias, eps, residual, out_fp8)
     return layer_norm_reference(x, weight, bias, eps, residual, out_fp8)

@@ -150,7 +150,9 @@ class Engine:
         a prefill takes; so does a window with timestamps and no prompt, whose prefill on an
         English-only model is `<|startoftranscript|>` alone: one token, so it goes through the
         one-token attention kernel (a live stream's first final; it compiled there, 0.8 s, until
-        this window was added). Call before the engine thread starts (the constructor does, on CUDA)."""
+        this window was added). First, cuBLAS's kernels for the prefill's bucketed row counts
+        (`Runner.warm_linears`). Call before the engine thread starts (the constructor does, on CUDA)."""
+        self.runner.warm_linears()
         silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
         batches = [[DecodeOptions(timestamps=True)], [DecodeOptions()],
                    [DecodeOptions(timestamps=False), DecodeOptions(prompt="warm " * 13)],

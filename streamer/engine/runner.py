@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cuda_ops.decode_linear import warm_linears
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
 from streamer.engine.partition import green_pair
@@ -628,6 +629,14 @@ class Runner:
         g.mel.copy_(mel)
         g.graph.replay()
         return g.out
+
+    def warm_linears(self) -> None:
+        """Have cuBLAS look up its kernel for the decoder's linears at every row count an eager
+        prefill runs them at (`decode_linear.row_bucket`): ~260 us a new shape on the H200, paid
+        otherwise by live finals whose prompts have a new length."""
+        if self.device.type == "cuda":
+            with torch.inference_mode():
+                warm_linears([m for m in self.model.decoder.modules() if isinstance(m, torch.nn.Linear)], self.device)
 
     def warm_encoder(self, max_batch: int) -> None:
         """Run the encoder once at every batch size up to `max_batch` (kernel plans, allocations)

@@ -100,3 +100,28 @@ def test_gelu_epilogue_is_the_tanh_gelu_of_the_linear(monkeypatch):
     b = torch.randn(200, device="cuda").half()
     want = torch.nn.functional.gelu(torch.nn.functional.linear(x.float(), w.float(), b.float()), approximate="tanh")
     torch.testing.assert_close(dl.linear(x, w, b, gelu=True).float(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_row_buckets_are_few_and_tight():
+    """Eager linears run at `row_bucket(m)` rows: never fewer, at most 12.5 % more above 16 rows, the
+    same for every m of a bucket, and 96 sizes up to BUCKET_ROWS_MAX (what `warm_linears` runs)."""
+    sizes = dl.bucket_sizes()
+    assert len(sizes) == 96 and sizes[:17] == list(range(1, 17)) + [18] and sizes[-1] == dl.BUCKET_ROWS_MAX
+    for m in range(1, dl.BUCKET_ROWS_MAX + 1):
+        b = dl.row_bucket(m)
+        assert m <= b <= max(m, m * 1.125) and dl.row_bucket(b) == b
+    assert set(map(dl.row_bucket, range(1, dl.BUCKET_ROWS_MAX + 1))) == set(sizes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the row buckets apply to cuBLAS on CUDA")
+def test_eager_linear_at_a_padded_row_count_equals_the_linear():
+    """An eager call of 3 x 37 = 111 rows runs at 112 rows: the same values as the unpadded GEMM
+    (within fp16 rounding: cuBLAS may pick another kernel), with x's leading dims, GELU after."""
+    x = torch.randn(3, 37, 96, device="cuda", dtype=torch.float16)
+    w = (torch.randn(200, 96, device="cuda") / 10).half()
+    b = torch.randn(200, device="cuda").half()
+    want = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    got = dl.linear(x, w, b)
+    assert got.shape == (3, 37, 200) and dl.row_bucket(111) == 112
+    torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(dl.linear(x, w, b, gelu=True).float(), torch.nn.functional.gelu(want), rtol=2e-3, atol=2e-3)

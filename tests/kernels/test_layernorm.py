@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from cuda_ops import _triton
 from torch.nn import functional as F
 
 ON_CUDA = torch.cuda.is_available()  # else tests/kernels/conftest.py has set up Triton's interpreter
@@ -136,9 +138,13 @@ def test_nan_input_row_stays_nan():
     assert torch.isfinite(y[[0, 1, 3]]).all()
 
 
+@pytest.mark.parametrize("eager_torch", [True, False], ids=["eager-torch-ops", "kernel"])
 @pytest.mark.parametrize("out_fp8", [False, True], ids=["fp16", "fp8"])
-def test_dispatcher_matches_unfused_torch(out_fp8):
-    """`layer_norm` on this machine's device against torch's residual add + F.layer_norm."""
+def test_dispatcher_matches_unfused_torch(out_fp8, eager_torch, monkeypatch):
+    """`layer_norm` on this machine's device against torch's residual add + F.layer_norm: on CUDA a
+    small eager call takes PyTorch's ops (`_triton.eager_small`), a larger one (or FP8 out) the kernel."""
+    if not eager_torch:
+        monkeypatch.setattr(_triton, "EAGER_TORCH_MAX", 0)
     x, r, w, b = _inputs(33, 1280, torch.float16, seed=2)
     x3, r3 = x.view(3, 11, 1280), r.view(3, 11, 1280)  # [B, T, D]
     y, res_out, scale = layernorm.layer_norm(x3, w, b, EPS, residual=r3, out_fp8=out_fp8)

@@ -53,6 +53,15 @@ def num_sms(device: torch.device) -> int:
     return 132
 
 
+EAGER_OPS = os.environ.get("STREAMER_EAGER_OPS", "kernels")
+"""How ops outside CUDA graph capture (prefills) launch on CUDA: "kernels" (the default: our Triton
+kernels, cuBLAS at the rows given) or "lean" (`eager_small` tensors through PyTorch's ops, cuBLAS
+linears at bucketed row counts: `decode_linear.row_bucket`). "lean" is built on what
+benchmarks/probe_launch.py measured (H200, session 20) but not yet measured end to end on a GPU:
+benchmarks/gpu_s20b.sh is the A/B that decides the default."""
+if EAGER_OPS not in ("kernels", "lean"):
+    raise ValueError(f"STREAMER_EAGER_OPS must be kernels or lean, got {EAGER_OPS!r}")
+
 EAGER_TORCH_MAX = 1 << 22
 """Elements up to which a LayerNorm or GELU outside CUDA graph capture runs PyTorch's kernels rather
 than ours. Launching a Triton kernel costs the host 50-100 us, a PyTorch op 10-30 us
@@ -62,5 +71,6 @@ and on big tensors our fused kernels win. Same function: fp32 statistics, fp16 r
 
 
 def eager_small(x: torch.Tensor) -> bool:
-    """Whether `x` (on CUDA) is small and outside graph capture: PyTorch's op is the cheaper launch."""
-    return x.numel() <= EAGER_TORCH_MAX and not torch.cuda.is_current_stream_capturing()
+    """Whether `x` (on CUDA) is small and outside graph capture, with EAGER_OPS "lean": PyTorch's op is
+    then the cheaper launch."""
+    return EAGER_OPS == "lean" and x.numel() <= EAGER_TORCH_MAX and not torch.cuda.is_current_stream_capturing()

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from cuda_ops import _triton
 from cuda_ops._triton import interpreter_active, jit, num_sms, tl, triton, triton_usable
 from cuda_ops.attention import _split_locks
 from cuda_ops.fp8 import bias_gelu
@@ -41,10 +42,11 @@ MAX_ROWS = 256
 
 BUCKET_ROWS_MAX = 16384
 """Rows up to which an eager cuBLAS linear (outside graph capture: a prefill) runs at `row_bucket`'s
-row count. cuBLASLt looks up its kernel per new problem shape, and that lookup costs the host
-~260 us against ~20 us for a shape it has seen (benchmarks/probe_launch.py, H200, session 20): a
-prefill's rows are windows x prompt length, nearly always new, so a live final with a new prompt
-length paid it in each of the decoder's linears (6 a layer). Padded to a few sizes an octave, the
+row count, with STREAMER_EAGER_OPS=lean (`_triton.EAGER_OPS`). cuBLASLt looks up its kernel per new
+problem shape, and that lookup costs the host ~260 us against ~20 us for a shape it has seen
+(benchmarks/probe_launch.py, H200, session 20): a prefill's rows are windows x prompt length, nearly
+always new, so a live final with a new prompt length pays it in each of the decoder's linears (6 a
+layer). Padded to a few sizes an octave, the
 shapes repeat, and `warm_linears` looks them all up before serving."""
 
 
@@ -79,7 +81,10 @@ def _bucketed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def warm_linears(linears: list, device: torch.device) -> None:
     """Run every bucketed row count once through each distinct (weight shape, bias) of `linears`
-    (nn.Linear modules), so that cuBLAS has looked up their kernels before the first prefill."""
+    (nn.Linear modules), so that cuBLAS has looked up their kernels before the first prefill (with
+    STREAMER_EAGER_OPS=lean; nothing otherwise)."""
+    if _triton.EAGER_OPS != "lean":
+        return
     seen = set()
     for lin in linears:
         key = (tuple(lin.weight.shape), lin.bias is not None, lin.weight.dtype)
@@ -161,7 +166,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -
     if gelu and GELU_EPILOGUE == "tanh" and x.is_cuda and bias is not None:
         y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
         return y.view(*x.shape[:-1], weight.shape[0])
-    eager = x.is_cuda and not torch.cuda.is_current_stream_capturing()
+    eager = _triton.EAGER_OPS == "lean" and x.is_cuda and not torch.cuda.is_current_stream_capturing()
     y = _bucketed_linear(x, weight, bias) if eager else F.linear(x, weight, bias)
     return bias_gelu(y, None) if gelu else y
 

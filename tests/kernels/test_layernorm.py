@@ -141,10 +141,10 @@ def test_nan_input_row_stays_nan():
 @pytest.mark.parametrize("eager_torch", [True, False], ids=["eager-torch-ops", "kernel"])
 @pytest.mark.parametrize("out_fp8", [False, True], ids=["fp16", "fp8"])
 def test_dispatcher_matches_unfused_torch(out_fp8, eager_torch, monkeypatch):
-    """`layer_norm` on this machine's device against torch's residual add + F.layer_norm: on CUDA a
-    small eager call takes PyTorch's ops (`_triton.eager_small`), a larger one (or FP8 out) the kernel."""
-    if not eager_torch:
-        monkeypatch.setattr(_triton, "EAGER_TORCH_MAX", 0)
+    """`layer_norm` on this machine's device against torch's residual add + F.layer_norm: on CUDA with
+    STREAMER_EAGER_OPS=lean a small eager call takes PyTorch's ops (`_triton.eager_small`), else (or
+    with FP8 out) the kernel."""
+    monkeypatch.setattr(_triton, "EAGER_OPS", "lean" if eager_torch else "kernels")
     x, r, w, b = _inputs(33, 1280, torch.float16, seed=2)
     x3, r3 = x.view(3, 11, 1280), r.view(3, 11, 1280)  # [B, T, D]
     y, res_out, scale = layernorm.layer_norm(x3, w, b, EPS, residual=r3, out_fp8=out_fp8)

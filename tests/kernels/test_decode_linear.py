@@ -113,6 +113,25 @@ def test_row_buckets_are_few_and_tight():
     assert set(map(dl.row_bucket, range(1, dl.BUCKET_ROWS_MAX + 1))) == set(sizes)
 
 
+def test_bucketed_linear_keeps_rows_shape_and_values(monkeypatch):
+    """The padded GEMM itself (what lean eager linears run on CUDA) on this machine: x's leading dims,
+    each row's values as the unpadded linear's; `warm_linears` runs each bucket once per weight shape."""
+    x, w, b = (t.cpu().float() for t in _inputs(3 * 37, 48, 64, 1))
+    got = dl._bucketed_linear(x.view(3, 37, 64), w, b)
+    assert got.shape == (3, 37, 48)
+    torch.testing.assert_close(got.view(111, 48), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    calls = []
+    monkeypatch.setattr(dl.F, "linear", lambda x, w, b=None: calls.append((x.shape[0], tuple(w.shape))))
+    lins = [torch.nn.Linear(8, 4), torch.nn.Linear(8, 4), torch.nn.Linear(4, 8)]
+    monkeypatch.setattr(dl._triton, "EAGER_OPS", "kernels")
+    dl.warm_linears(lins, torch.device("cpu"))
+    assert calls == []  # only with lean
+    monkeypatch.setattr(dl._triton, "EAGER_OPS", "lean")
+    dl.warm_linears(lins, torch.device("cpu"))
+    assert sorted({shape for _, shape in calls}) == [(4, 8), (8, 4)]
+    assert [m for m, shape in calls if shape == (4, 8)] == dl.bucket_sizes()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the row buckets apply to cuBLAS on CUDA")
 def test_eager_linear_at_a_padded_row_count_equals_the_linear(monkeypatch):
     """With STREAMER_EAGER_OPS=lean an eager call of 3 x 37 = 111 rows runs at 112 rows: the same

@@ -11,7 +11,9 @@ the kernel module is first imported: TRITON_INTERPRET=1 must be set before that.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -70,7 +72,29 @@ launches, not by bytes (a quarter of `accurate`'s engine thread, py-spy), while 
 and on big tensors our fused kernels win. Same function: fp32 statistics, fp16 results."""
 
 
+_graph_warmup = threading.local()
+
+
+@contextlib.contextmanager
+def as_in_graphs():
+    """Ops inside run as they do under graph capture (our kernels, cuBLAS at the rows given): for the
+    eager warm-up runs before a capture, so that what they compile and plan is what the capture
+    launches (a Triton kernel first launched inside a capture would compile there)."""
+    before = getattr(_graph_warmup, "on", False)
+    _graph_warmup.on = True
+    try:
+        yield
+    finally:
+        _graph_warmup.on = before
+
+
+def lean_eager() -> bool:
+    """EAGER_OPS is "lean" and ops run eagerly: not under graph capture, nor a capture's warm-up."""
+    return (EAGER_OPS == "lean" and not getattr(_graph_warmup, "on", False)
+            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()))
+
+
 def eager_small(x: torch.Tensor) -> bool:
-    """Whether `x` (on CUDA) is small and outside graph capture, with EAGER_OPS "lean": PyTorch's op is
-    then the cheaper launch."""
-    return EAGER_OPS == "lean" and x.numel() <= EAGER_TORCH_MAX and not torch.cuda.is_current_stream_capturing()
+    """Whether `x` (on CUDA) is small and runs eagerly with EAGER_OPS "lean" (`lean_eager`): PyTorch's
+    op is then the cheaper launch."""
+    return x.numel() <= EAGER_TORCH_MAX and lean_eager()

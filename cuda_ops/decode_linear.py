@@ -166,8 +166,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -
     if gelu and GELU_EPILOGUE == "tanh" and x.is_cuda and bias is not None:
         y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
         return y.view(*x.shape[:-1], weight.shape[0])
-    eager = _triton.EAGER_OPS == "lean" and x.is_cuda and not torch.cuda.is_current_stream_capturing()
-    y = _bucketed_linear(x, weight, bias) if eager else F.linear(x, weight, bias)
+    y = _bucketed_linear(x, weight, bias) if x.is_cuda and _triton.lean_eager() else F.linear(x, weight, bias)
     return bias_gelu(y, None) if gelu else y
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cuda_ops._triton import as_in_graphs
 from cuda_ops.decode_linear import warm_linears
 from streamer.audio.features import log_mel_spectrogram
 from streamer.engine.beam import TOPK, BeamGroup, Hypothesis
@@ -597,7 +598,7 @@ class Runner:
         warm = stream if stream is not None else torch.cuda.Stream()
         warm.wait_stream(torch.cuda.current_stream())
         with attention_for("graph_step"):  # the backend chosen here is baked into the graph
-            with torch.cuda.stream(warm):
+            with torch.cuda.stream(warm), as_in_graphs():
                 for _ in range(2):  # warm-up outside the graph (allocations, kernel selection, cuDNN plans)
                     self._decode_rows(b, self.gumbel[:b], logprobs_out=self.logprobs[:b])
             torch.cuda.current_stream().wait_stream(warm)
@@ -663,7 +664,7 @@ class Runner:
         stream = self.encoder_stream
         stream.wait_stream(torch.cuda.current_stream())
         with attention_for("encoder"):  # the backend chosen here is baked into the graph
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), as_in_graphs():
                 for _ in range(2):  # warm-up outside the graph (allocations, kernel selection, cuDNN plans)
                     self.model.encoder(static)
             torch.cuda.current_stream().wait_stream(stream)

@@ -146,3 +146,18 @@ def test_eager_linear_at_a_padded_row_count_equals_the_linear(monkeypatch):
     assert got.shape == (3, 37, 200) and dl.row_bucket(111) == 112
     torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(dl.linear(x, w, b, gelu=True).float(), torch.nn.functional.gelu(want), rtol=2e-3, atol=2e-3)
+
+
+def test_a_capture_warm_up_runs_the_ops_the_capture_does(monkeypatch):
+    """Under `as_in_graphs` (the runner's warm-ups before a capture) lean eager ops are off, so the
+    warm-up compiles and plans the kernels the graph then launches; they come back after it."""
+    monkeypatch.setattr(dl._triton, "EAGER_OPS", "lean")
+    assert dl._triton.lean_eager()
+    with dl._triton.as_in_graphs():
+        assert not dl._triton.lean_eager()
+        with dl._triton.as_in_graphs():
+            assert not dl._triton.lean_eager()
+        assert not dl._triton.lean_eager()
+    assert dl._triton.lean_eager()
+    monkeypatch.setattr(dl._triton, "EAGER_OPS", "kernels")
+    assert not dl._triton.lean_eager()

@@ -1,7 +1,8 @@
 """Where `accurate` spends an engine's time with many recordings at once (the GPU's `accurate`
 uploads are engine-bound: core busy 0.94-0.98 at 32 uploads, session 18/19): N recordings of
 `bench_uploads.py`'s set through `transcribe_accurate` in one process: audio seconds per second,
-engine steps (admission steps, mean rows) and their host time; run it under `py-spy record --threads
+engine steps (admission steps, mean rows) and their host time, encoder passes against distinct
+windows, the share of step rows in beam groups; run it under `py-spy record --threads
 -f raw` for where that time goes (the vote shares this interpreter: the server's core does not).
 
     python benchmarks/profile_accurate.py --device cuda --model tiny.en --uploads 32 --files 8 --minutes 2
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import hashlib
 import time
+
+import numpy as np
 
 from bench_uploads import batch, recordings
 from common import environment, write_json
@@ -38,7 +43,13 @@ def main() -> None:
     calls = []
     execute = runner.execute
 
+    windows = collections.Counter()  # encoder passes per distinct window (audio hash)
+    beam_rows = []  # per step: (rows in beam groups, all rows), before it runs
+
     def timed(plan):
+        for r in plan.encode:
+            windows[hashlib.blake2b(np.ascontiguousarray(r.audio).tobytes(), digest_size=16).digest()] += 1
+        beam_rows.append((sum(s.group is not None for s in runner.slots), len(runner.slots)))
         t0 = time.perf_counter()
         res = execute(plan)
         calls.append((len(plan.encode), len(plan.decode), time.perf_counter() - t0))
@@ -57,7 +68,9 @@ def main() -> None:
     audio = sum(r.seconds for r in files)
     row = {"model": args.model, "device": args.device, "uploads": args.uploads, "audio_s": audio, "wall_s": wall,
            "audio_s_per_s": audio / wall, "steps": len(calls), "execute_s": sum(c[2] for c in calls),
-           "admission_steps": sum(1 for c in calls if c[0]), "mean_rows": sum(c[1] for c in calls) / max(1, len(calls))}
+           "admission_steps": sum(1 for c in calls if c[0]), "mean_rows": sum(c[1] for c in calls) / max(1, len(calls)),
+           "encoder_windows": sum(windows.values()), "distinct_windows": len(windows),
+           "beam_row_share": sum(b for b, _ in beam_rows) / max(1, sum(n for _, n in beam_rows))}
     print(row, flush=True)
     write_json(args.out, {"environment": environment(), "rows": [row]})
 

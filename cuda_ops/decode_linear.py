@@ -46,8 +46,8 @@ row count, with STREAMER_EAGER_OPS=lean (`_triton.EAGER_OPS`). cuBLASLt looks up
 problem shape, and that lookup costs the host ~260 us against ~20 us for a shape it has seen
 (benchmarks/probe_launch.py, H200, session 20): a prefill's rows are windows x prompt length, nearly
 always new, so a live final with a new prompt length pays it in each of the decoder's linears (6 a
-layer). Padded to a few sizes an octave, the
-shapes repeat, and `warm_linears` looks them all up before serving."""
+layer). Padded to a few sizes an octave, the shapes repeat, and `warm_linears` looks them all up
+before serving."""
 
 
 def row_bucket(m: int) -> int:
@@ -128,11 +128,12 @@ def load_table(path: str) -> dict[tuple[int, int], list[tuple[int, GemmLaunch | 
 
 
 MODE = os.environ.get("STREAMER_DECODE_LINEAR", "off")
+""""off" (default): cuBLAS; "rule": the kernel everywhere up to MAX_ROWS rows; else a table's path."""
 GELU_EPILOGUE = os.environ.get("STREAMER_GELU_EPILOGUE", "off")
 """An A/B only: "tanh" runs fc1 + GELU as one cuBLASLt GEMM with its GELU epilogue, which is the tanh
 approximation (within ~5e-4 of the exact GELU Whisper was trained with, about half an fp16 step at
-1.0): the separate GELU pass goes (0.069 s of a 3.3-s run of 256 large-v3 windows on the H200)."""
-""""off" (default): cuBLAS; "rule": the kernel everywhere up to MAX_ROWS rows; else a table's path."""
+1.0): the separate GELU pass goes (0.069 s of a 3.3-s run of 256 large-v3 windows on the H200), but
+the GEMMs slow by about as much (session 20: 2,265 against 2,274 rtf), so it stays off."""
 LAUNCHES: dict[tuple[int, int], list[tuple[int, GemmLaunch | None]]] = {}
 """(N, K) -> [(max rows, launch or None for cuBLAS), ...]: the table MODE names."""
 if MODE not in ("rule", "off"):
@@ -156,8 +157,8 @@ def decode_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None, gelu
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, gelu: bool = False) -> Tensor:
     """F.linear(x, weight, bias) (then GELU, as `fp8.bias_gelu`) for x [..., K]: the split-K kernel for
-    a decode step's rows on CUDA where `choose_launch` has a launch, else cuBLAS (outside graph
-    capture at a bucketed row count, `BUCKET_ROWS_MAX`)."""
+    a decode step's rows on CUDA where `choose_launch` has a launch, else cuBLAS (with
+    STREAMER_EAGER_OPS=lean, outside graph capture at a bucketed row count: `BUCKET_ROWS_MAX`)."""
     if MODE != "off" and x.is_cuda and x.dtype == weight.dtype == torch.float16 and triton_usable(x.device):
         rows = x.numel() // x.shape[-1]
         launch = choose_launch(rows, weight.shape[0], weight.shape[1], num_sms(x.device))

@@ -27,7 +27,9 @@ Rules:
   and its own text before the window as prompt (its window as it decoded it, with the run edited);
   `ob` without a prompt (does the backbone's reading hold without the
   prompt that may have carried a style into it?), `op` with the rule's text before the window;
-- `pair…`: any of these with `p` after the name (`lpp:M`, ...): also the mirror runs, P confirmed by
+- `jw:M` / `jwp:M` (`decide_joint`): the overruled runs of one backbone window decided together, all
+  back to the backbone's phrases or none, scored as `ot` (without / with the rule's prompt);
+- `pair…`: `lb`, `lp`, `both` with `p` after the name (`lpp:M`, ...): also the mirror runs, P confirmed by
   `acc` alone while `unp`, `fast`, `fastb5` say one other phrase U: P replaced by U where U beats it
   by more than M (the "Three to" / "3D" shape, class (b)).
 Every rescored run is recorded (time, P, V, scores, and the errors of the file's text with each).
@@ -360,8 +362,6 @@ def decide_joint(texts: dict[str, list[tuple]], scorer: Scorer, rule: str, seeks
     text = " ".join(w.text for piece in pieces for _, w in piece)
     for r in records:  # the file's text with this window decided the other way
         flip = r.pop("flipped_pieces")
-        if r["taken"]:
-            raise_ = None  # taken: the other way is the rule's phrases, not kept here; recomputed below
         r["flipped_text"] = None if r["taken"] else " ".join(
             w.text for p, piece in enumerate(pieces) for _, w in flip.get(p, piece))
     return text, records

@@ -16,7 +16,7 @@ from streamer.engine.runner import Runner
 from streamer.model.decoding import initial_tokens
 from streamer.model.cpu_linear import HALF_LINEARS, HalfWeightLinear, HalfWeightProjection, with_half_weights
 from streamer.model.weights import WeightsError, load_model, read_ct2, save_hf_checkpoint
-from streamer.model.whisper import KVCache, PassCache, copy_words
+from streamer.model.whisper import KVCache, PassCache, SharedCross, copy_words
 
 transformers = pytest.importorskip("transformers")
 
@@ -279,3 +279,46 @@ def test_tokenizer_decodes_and_derives_timestamps(tiny):
     assert tok.decode(ids + [tok.eot, tok.timestamp_begin + 50]) == " Hello world"
     assert tok.time_of(tok.timestamp_begin + 150) == pytest.approx(3.0)
     assert tok.prompt_tokens("previous text", 224)[0] == tok.sot_prev
+
+
+def test_rows_sharing_a_window_read_one_copy_and_step_the_same(tiny, jfk_path):
+    """A one-token decoder step whose rows 1, 3, 4 (a beam group, scattered as compaction leaves them)
+    hold copies of one window's cross K/V: with `SharedCross` each group attends over one copy, and
+    every row's hidden state is the unshared step's (within fp32 rounding). Rows 0, 2, 5 are alone."""
+    model, dims = tiny.model, tiny.dims
+    with torch.inference_mode():
+        jfk = log_mel_spectrogram(decode_audio(jfk_path), dims.n_mels)
+        other = log_mel_spectrogram(decode_audio(jfk_path)[16000:], dims.n_mels)
+        a, b = model.encoder(jfk), model.encoder(other)
+        windows = torch.cat([b, a, b * 0.5, a, a, b * 2.0])  # rows 1, 3, 4: copies of one window
+        cache = KVCache(dims, 6, torch.device("cpu"), torch.float32)
+        model.decoder.write_cross_kv(windows, cache, 0)
+        prompt = tiny.tokenizer.sot_sequence(None, "transcribe", False)
+        prefill = torch.tensor([prompt] * 6)
+        model.decoder(prefill, torch.arange(len(prompt)).expand(6, -1), 0, cache, len(prompt))
+        tokens = torch.tensor([[634], [1029], [407], [440], [634], [1029]])
+        positions = torch.full((6, 1), len(prompt))
+        before = [t.clone() for layer in cache.layers for t in (layer.self_k, layer.self_v)]
+        plain = model.decoder(tokens, positions, 0, cache, len(prompt) + 1)
+        for t, saved in zip((t for layer in cache.layers for t in (layer.self_k, layer.self_v)), before):
+            t.copy_(saved)
+        shared = SharedCross([(1, torch.tensor([1, 3, 4]))], [(0, 1), (2, 3), (5, 6)])
+        grouped = model.decoder(tokens, positions, 0, cache, len(prompt) + 1, shared_cross=shared)
+    torch.testing.assert_close(grouped, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_runner_groups_beam_rows_for_their_shared_window():
+    """`Runner._shared_cross`: each beam group of two or more rows, and the other rows as runs."""
+    from streamer.engine.beam import BeamGroup
+
+    class Seq:  # the one field `_shared_cross` reads
+        def __init__(self, group):
+            self.group = group
+
+    g1, g2, lone = BeamGroup(3, 0, 10), BeamGroup(2, 0, 10), BeamGroup(2, 0, 10)
+    runner = Runner.__new__(Runner)
+    runner.slots = [Seq(None), Seq(g1), Seq(None), Seq(g1), Seq(g2), Seq(g2), Seq(g1), Seq(lone), Seq(None)]
+    shared = runner._shared_cross(9)
+    assert [(first, rows.tolist()) for first, rows in shared.groups] == [(1, [1, 3, 6]), (4, [4, 5])]
+    assert shared.alone == [(0, 1), (2, 3), (7, 9)]
+    assert runner._shared_cross(3) is None  # one row of g1 among them: nothing shared

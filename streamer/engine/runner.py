@@ -27,7 +27,7 @@ from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState, gumbel_
 from streamer.model.weights import LoadedModel
 from streamer.model.cpu_linear import with_half_weights
-from streamer.model.whisper import KVCache
+from streamer.model.whisper import KVCache, SharedCross
 
 # Attention backends per path, chosen by whether the path's shapes are fixed and planned before
 # serving. cuDNN's attention builds an execution plan for every new shape (0.1-1 s each on an H200,
@@ -489,9 +489,10 @@ class Runner:
     # --- decoder step -------------------------------------------------------------------------------
 
     def _decode_rows(self, b: int, gumbel, kv_len: int | None = None, timestamps: bool = True,
-                     logprobs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     logprobs_out: torch.Tensor | None = None,
+                     shared: SharedCross | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dec = self.model.decoder
-        hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len)
+        hidden = dec(self.tokens_in[:b, None], self.positions[:b, None], 0, self.cache, kv_len, shared_cross=shared)
         # the logits as the projection leaves them (fp16 on a GPU): the fused sampler reads them once a pass
         logits = dec.logits(hidden[:, -1], upcast=False)
         tokens, logprobs, every = self.rules.sample(logits, self.state, gumbel, timestamps, logprobs_out)
@@ -500,6 +501,27 @@ class Runner:
         # Rows past the live ones (graph padding) keep counting: clamp so they stay in range.
         self.positions[:b] = (self.positions[:b] + 1).clamp_max(self.dims.n_text_ctx - 1)
         return tokens, logprobs, every
+
+    def _shared_cross(self, n: int) -> SharedCross | None:
+        """Rows [0, n) as `SharedCross`: each beam group's rows (their cross K/V are copies of their
+        window's: written so at admission, and beam moves copy only self K/V), the rest in runs;
+        None without a group of two or more rows."""
+        groups: dict[int, list[int]] = {}
+        for row, seq in enumerate(self.slots[:n]):
+            if seq.group is not None:
+                groups.setdefault(id(seq.group), []).append(row)
+        shared = [rows for rows in groups.values() if len(rows) > 1]
+        if not shared:
+            return None
+        grouped = {r for rows in shared for r in rows}
+        alone, lo = [], None
+        for row in range(n + 1):
+            if row < n and row not in grouped:
+                lo = row if lo is None else lo
+            elif lo is not None:
+                alone.append((lo, row))
+                lo = None
+        return SharedCross([(rows[0], torch.tensor(rows)) for rows in shared], alone)
 
     def bucket(self, n: int) -> int:
         """The captured batch size that runs a step of n live sequences."""
@@ -560,8 +582,9 @@ class Runner:
             kv_len = min(max(len(s.initial) + len(s.tokens) for s in self.slots) + bool(self.in_flight),
                          self.dims.n_text_ctx)
             timestamps = any(s.request.options.timestamps for s in self.slots)
+            shared = self._shared_cross(n) if self.device.type == "cpu" else None
             with attention_for("eager_step"):
-                return self._decode_rows(n, gumbel, kv_len, timestamps)
+                return self._decode_rows(n, gumbel, kv_len, timestamps, shared=shared)
         b = min(self.bucket(n), self.n_slots)
         confined = self.step_part is not None and bool(self.encoding)  # an encoder pass runs beside it
         self.confined_steps += confined

@@ -72,11 +72,38 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tens
     ~240 us of setup per call there against ~40 us of work (tiny.en: 8 calls per decoder step).
     """
     if q.shape[2] == 1 and not q.is_cuda:
-        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(-1) @ v
+        return _matmul_attention(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+class SharedCross(NamedTuple):
+    """A one-token step's rows whose cross K/V are copies of one window's (the beams of a beam search):
+    each group attends with its queries as query positions over one copy, so the window's K/V are
+    read once, not once a beam (95.6 % of a CPU `accurate` run's rows are beams, and reading the
+    copies was 38 % of its engine thread; benchmarks/probe_grouped_cross.py: 5.2x less time)."""
+
+    groups: list[tuple[int, Tensor]]
+    """(a row of the group, the group's rows [n] int64, ascending) per group of two or more rows."""
+    alone: list[tuple[int, int]]
+    """Runs [lo, hi) of the other rows, each reading its own copy."""
+
+
+def _attend_shared(q: Tensor, k: Tensor, v: Tensor, shared: SharedCross) -> Tensor:
+    """`_attend(q, k, v)` for one query token [B, H, 1, Dh], each group of `shared` over one copy."""
+    out = torch.empty_like(q)
+    for lo, hi in shared.alone:
+        out[lo:hi] = _attend(q[lo:hi], k[lo:hi], v[lo:hi])
+    for first, rows in shared.groups:
+        grouped = q[rows].transpose(0, 2)  # [1, H, n, Dh]: the group's queries as positions
+        out[rows] = _matmul_attention(grouped, k[first:first + 1], v[first:first + 1]).transpose(0, 2)
+    return out
 
 
 def _merge_heads(x: Tensor) -> Tensor:
@@ -286,6 +313,8 @@ class StepIndex(NamedTuple):
     """[B, T] each token's position in its slot."""
     lengths: Tensor
     """[B] int32: each row's self-attention length once the call's tokens are in (last position + 1)."""
+    shared: SharedCross | None = None
+    """Rows that share one window's cross K/V (a one-token step on the CPU), or None."""
 
 
 class DecoderBlock(nn.Module):
@@ -318,7 +347,10 @@ class DecoderBlock(nn.Module):
         a = _attend(q, self_k, self_v, mask)
         x = x + self.attn_out(_merge_heads(a))
         q = _split_heads(self.cross_q(self.cross_ln(x)), self.n_head)
-        a = _attend(q, cross_k, cross_v)
+        if index.shared is not None and q.shape[2] == 1:
+            a = _attend_shared(q, cross_k, cross_v, index.shared)
+        else:
+            a = _attend(q, cross_k, cross_v)
         qk = None if cross_qk_heads is None else cross_qk(q, cross_k, cross_qk_heads)
         x = x + self.cross_out(_merge_heads(a))
         return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x)))), qk
@@ -359,7 +391,8 @@ class TextDecoder(nn.Module):
             block.write_cross_kv(audio_features, layer, s)
 
     def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache | PassCache,
-                kv_len: int | None = None, cross_qk_heads: list[tuple[int, int]] | None = None):
+                kv_len: int | None = None, cross_qk_heads: list[tuple[int, int]] | None = None,
+                shared_cross: SharedCross | None = None):
         """Hidden states [B, T, D] of `tokens` [B, T] at `positions` [B, T] in slots [start, start + B).
 
         Each row attends to its own slot's earlier positions (≤ its position), so rows of different
@@ -368,13 +401,14 @@ class TextDecoder(nn.Module):
         the whole context is read (static shapes, for CUDA graphs).
         With `cross_qk_heads` ((layer, head) pairs; word alignment) the result is (hidden, qk): the
         pre-softmax cross-attention logits of those heads [B, len(heads), T, 1500] in float32, in
-        layer order.
+        layer order. `shared_cross`: rows whose cross K/V are copies of one window's (`SharedCross`;
+        the plain blocks read one copy a group, the fused ones ignore it).
         """
         b = tokens.shape[0]
         kv_len = kv_len or self.dims.n_text_ctx
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         rows = torch.arange(b, device=tokens.device)[:, None].expand_as(positions)
-        index = StepIndex(rows, positions, (positions[:, -1] + 1).to(torch.int32))
+        index = StepIndex(rows, positions, (positions[:, -1] + 1).to(torch.int32), shared_cross)
         key_pos = torch.arange(kv_len, device=tokens.device)
         mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, kv_len]
         s = slice(start, start + b)

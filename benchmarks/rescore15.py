@@ -91,10 +91,12 @@ def slot_time(slot) -> float:
 
 
 @torch.inference_mode()
-def scores(loaded, features, language: str | None, prompt: list[int], texts: list[list[int]]) -> list[float]:
-    """Sum of log P(text tokens) of each of `texts` after the prompt, over one window's encoded audio."""
+def scores(loaded, features, language: str | None, prompt: list[int], texts: list[list[int]],
+           timestamps: bool = False) -> list[float]:
+    """Sum of log P(text tokens) of each of `texts` after the prompt, over one window's encoded audio
+    (with `timestamps`, the head without `<|notimestamps|>`: texts then hold timestamp tokens too)."""
     tok, model = loaded.tokenizer, loaded.model
-    head = ([tok.sot_prev] + prompt if prompt else []) + tok.sot_sequence(language, "transcribe", timestamps=False)
+    head = ([tok.sot_prev] + prompt if prompt else []) + tok.sot_sequence(language, "transcribe", timestamps=timestamps)
     rows = [head + t for t in texts]
     length = max(len(r) for r in rows)
     tokens = torch.full((len(rows), length), tok.eot, dtype=torch.long)

@@ -120,23 +120,23 @@ def slot_time(slot) -> float:
     return next(w.time for w in slot if w is not None)
 
 
-@torch.inference_mode()
+def timed_tokens(tok, words: list[tuple[int, str]], spans: dict, ws: float) -> list[int]:
+    """(segment, word) pairs as the chain decodes them in a window starting at `ws`: each segment's
+    words between its start and end timestamp tokens (`spans[segment]` = (start, end) seconds)."""
+    out, k = [], 0
+    while k < len(words):
+        g, text = words[k][0], []
+        while k < len(words) and words[k][0] == g:
+            text.append(words[k][1])
+            k += 1
+        a, b = spans[g]
+        out += [tok.timestamp_token(a - ws)] + tok.encode(" " + " ".join(text)) + [tok.timestamp_token(b - ws)]
+    return out
+
+
 def scores_timed(loaded, features, language: str | None, prompt: list[int], texts: list[list[int]]) -> list[float]:
-    """rescore15.scores with timestamps: the head without `<|notimestamps|>`, every token of each
-    text (words and timestamps) scored."""
-    tok, model = loaded.tokenizer, loaded.model
-    head = ([tok.sot_prev] + prompt if prompt else []) + tok.sot_sequence(language, "transcribe", timestamps=True)
-    rows = [head + t for t in texts]
-    length = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), length), tok.eot, dtype=torch.long)
-    for b, r in enumerate(rows):
-        tokens[b, :len(r)] = torch.tensor(r)
-    audio = features.expand(len(rows), -1, -1)
-    positions = torch.arange(length).expand(len(rows), length)
-    hidden = model.decoder(tokens, positions, 0, rescore15.PassCache(model.decoder, audio, length), length)
-    logp = model.decoder.logits(hidden).float().log_softmax(-1)
-    return [float(logp[b, len(head) - 1:len(head) - 1 + len(t)].gather(1, torch.tensor(t)[:, None]).sum()) if t else 0.0
-            for b, t in enumerate(texts)]
+    """rescore15.scores with timestamps: every token of each text (words and timestamps) scored."""
+    return rescore15.scores(loaded, features, language, prompt, texts, timestamps=True)
 
 
 class Scorer:
@@ -226,16 +226,8 @@ def decide(texts: dict[str, list[tuple]], scorer: Scorer | None, rules: list[str
                 slot_of = {id(slots[k][h]): k for k in range(i, j) for h in range(n) if slots[k][h] is not None}
 
                 def body(run: list) -> list[int]:
-                    pieces = head + [(stream.segment[slot_of[id(w)]], w.text) for w in run] + tail
-                    out_t, k = [], 0
-                    while k < len(pieces):
-                        g, text = pieces[k][0], []
-                        while k < len(pieces) and pieces[k][0] == g:
-                            text.append(pieces[k][1])
-                            k += 1
-                        a, b = spans[g]
-                        out_t += [tok.timestamp_token(a - ws)] + tok.encode(" " + " ".join(text)) + [tok.timestamp_token(b - ws)]
-                    return out_t
+                    return timed_tokens(tok, head + [(stream.segment[slot_of[id(w)]], w.text) for w in run] + tail,
+                                        spans, ws)
                 if kind in ("pt", "ptp"):
                     previous = " ".join(slots[k][0].text for k in range(i) if slots[k][0] is not None and seeks[stream.segment[k]] < ws)
                 else:
@@ -337,15 +329,7 @@ def decide_joint(texts: dict[str, list[tuple]], scorer: Scorer, rule: str, seeks
         def body(choice: dict[int, list]) -> list[int]:
             words = [(stream.segment[k], w.text) for p, piece in enumerate(pieces) for k, w in choice.get(p, piece)
                      if seeks[stream.segment[k]] == ws]
-            out_t, k = [], 0
-            while k < len(words):
-                g, text = words[k][0], []
-                while k < len(words) and words[k][0] == g:
-                    text.append(words[k][1])
-                    k += 1
-                a, b = spans[g]
-                out_t += [tok.timestamp_token(a - ws)] + tok.encode(" " + " ".join(text)) + [tok.timestamp_token(b - ws)]
-            return out_t
+            return timed_tokens(tok, words, spans, ws)
         previous = " ".join(w.text for piece in pieces for k, w in piece if seeks[stream.segment[k]] < ws)
         back = {p: own for p, own, _ in group}
         s_ = scorer.timed(ws, previous, [body({}), body(back)])

@@ -120,6 +120,19 @@ def slot_time(slot) -> float:
     return next(w.time for w in slot if w is not None)
 
 
+def run_end(slots: list, i: int) -> int:
+    """The end of the disputed run (slots where the five transcripts differ) from slot i; i where they agree."""
+    j = i
+    while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
+        j += 1
+    return j
+
+
+def said_in(slots: list, i: int, j: int, n: int) -> list[str]:
+    """What each of the n transcripts says in slots [i, j), as one key string each."""
+    return ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(n)]
+
+
 def timed_tokens(tok, words: list[tuple[int, str]], spans: dict, ws: float) -> list[int]:
     """(segment, word) pairs as the chain decodes them in a window starting at `ws`: each segment's
     words between its start and end timestamp tokens (`spans[segment]` = (start, end) seconds)."""
@@ -191,15 +204,13 @@ def decide(texts: dict[str, list[tuple]], scorer: Scorer | None, rules: list[str
         words: list = []  # the rule's words so far (VoteWord)
         i = 0
         while i < len(slots):
-            j = i
-            while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
-                j += 1
+            j = run_end(slots, i)
             if j == i:
                 words.append(slots[i][0])
                 segs.append(stream.segment[i])
                 i += 1
                 continue
-            said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(n)]
+            said = said_in(slots, i, j, n)
             own = [slots[k][0] for k in range(i, j) if slots[k][0] is not None]
             keep = stream.keeps_backbone(i, j, said)
             deviates = stream._deviates(i, j)
@@ -304,14 +315,12 @@ def decide_joint(texts: dict[str, list[tuple]], scorer: Scorer, rule: str, seeks
     cases: list[tuple[int, list, float]] = []  # (piece, the backbone's words there, its window)
     i = 0
     while i < len(slots):
-        j = i
-        while j < len(slots) and len({None if w is None else w.key for w in slots[j]}) > 1:
-            j += 1
+        j = run_end(slots, i)
         if j == i:
             pieces.append([(i, slots[i][0])])
             i += 1
             continue
-        said = ["".join(slots[k][h].key for k in range(i, j) if slots[k][h] is not None) for h in range(n)]
+        said = said_in(slots, i, j, n)
         own = [(k, slots[k][0]) for k in range(i, j) if slots[k][0] is not None]
         keep = stream.keeps_backbone(i, j, said)
         slot_of = {id(slots[k][h]): k for k in range(i, j) for h in range(n) if slots[k][h] is not None}

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, table, write_json
+from cuda_ops.decode_linear import _bucketed_linear, bucket_sizes
 from cuda_ops.fp8 import bias_gelu
 from cuda_ops.kv_write import write_kv_triton
 from cuda_ops.layernorm import layer_norm_triton
@@ -57,24 +58,14 @@ def main() -> None:
     w4 = torch.randn(5 * d, d, device=dev, dtype=dt) / 30  # never warmed
     fresh, fresh3, fresh4 = (iter(range(1, 10 ** 6)) for _ in range(3))
 
-    def bucketed(m: int) -> int:  # eight sizes an octave above 16 rows
-        return m if m <= 16 else -(-m // (1 << (m.bit_length() - 4))) * (1 << (m.bit_length() - 4))
-
-    def padded_linear(rows: torch.Tensor, w, b):
-        m = rows.shape[0]
-        buf = rows.new_empty(bucketed(m), rows.shape[1])
-        buf[:m] = rows
-        return F.linear(buf, w, b)[:m]
-
-    for i in range(1, 1300):  # the buckets, warmed
-        if bucketed(i) == i:
-            F.linear(big[:i], w3, b3)
+    for m in bucket_sizes(1300):  # the buckets, warmed
+        F.linear(big[:m], w3, b3)
     cases = {
         "F.linear, one shape [320, d]": lambda i: F.linear(x, w1, b1),
         "F.linear, a new row count each call": lambda i: F.linear(big[: 1 + next(fresh) % 1199], w2, b2),
         "F.linear, row counts seen before": lambda i: F.linear(big[: 1 + i % 1199], w1, b1),
         "x @ w.t() (no bias), a new row count each call": lambda i: big[: 1 + next(fresh4) % 1199] @ w4.t(),
-        "padded to a bucket (warmed), new row counts": lambda i: padded_linear(big[: 1 + next(fresh3) % 1199], w3, b3),
+        "padded to a bucket (warmed), new row counts": lambda i: _bucketed_linear(big[: 1 + next(fresh3) % 1199], w3, b3),
         "layer_norm_triton, residual": lambda i: layer_norm_triton(x, ln_w, ln_b, 1e-5, residual=r),
         "F.layer_norm(x + r)": lambda i: F.layer_norm(x + r, (d,), ln_w, ln_b),
         "bias_gelu (Triton)": lambda i: bias_gelu(h, None),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import hashlib
 import time
 
 import numpy as np
@@ -43,12 +42,12 @@ def main() -> None:
     calls = []
     execute = runner.execute
 
-    windows = collections.Counter()  # encoder passes per distinct window (audio hash)
+    windows = collections.Counter()  # encoder passes per distinct window (a sample of its audio: cheap in the timed loop)
     beam_rows = []  # per step: (rows in beam groups, all rows), before it runs
 
     def timed(plan):
         for r in plan.encode:
-            windows[hashlib.blake2b(np.ascontiguousarray(r.audio).tobytes(), digest_size=16).digest()] += 1
+            windows[(len(r.audio), np.asarray(r.audio)[::160].tobytes())] += 1
         beam_rows.append((sum(s.group is not None for s in runner.slots), len(runner.slots)))
         t0 = time.perf_counter()
         res = execute(plan)

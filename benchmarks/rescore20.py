@@ -120,6 +120,13 @@ def slot_time(slot) -> float:
     return next(w.time for w in slot if w is not None)
 
 
+def record(rule: str, case: str, t: float, ws: float, options: list[str], gain: dict, win: bool, said: list) -> dict:
+    """One rescored run as the results file keeps it."""
+    return {"rule": rule, "case": case, "time": round(t, 1), "window": ws, "rule_phrase": options[0],
+            "alternative": options[1], "gain_prompt": round(gain["prompt"], 2), "gain_bare": round(gain["bare"], 2),
+            "taken": win, "said": said}
+
+
 def run_end(slots: list, i: int) -> int:
     """The end of the disputed run (slots where the five transcripts differ) from slot i; i where they agree."""
     j = i
@@ -247,12 +254,9 @@ def decide(texts: dict[str, list[tuple]], scorer: Scorer | None, rules: list[str
                 s_ = scorer.timed(ws, previous, [body(voted), body(alt)])
                 gain = {c: s_[c][1] - s_[c][0] for c in s_}
                 win = gain["prompt" if kind in ("otp", "ptp") else "bare"] > margin
-                if win:
-                    chosen = alt
+                chosen = alt if win else voted
                 flips.append((len(records), len(words), chosen, voted if win else alt))
-                records.append({"rule": rule, "case": case, "time": round(t, 1), "window": ws, "rule_phrase": options[0],
-                                "alternative": options[1], "gain_prompt": round(gain["prompt"], 2),
-                                "gain_bare": round(gain["bare"], 2), "taken": win, "said": said})
+                records.append(record(rule, case, t, ws, options, gain, win, said))
                 case = None  # decided
             if case is not None and kind in ("ob", "op"):  # the backbone's own window
                 t = slot_time(slots[i])
@@ -278,12 +282,9 @@ def decide(texts: dict[str, list[tuple]], scorer: Scorer | None, rules: list[str
                 win = {"lp": gain["prompt"] > margin, "lb": gain["bare"] > margin,
                        "op": gain["prompt"] > margin, "ob": gain["bare"] > margin,
                        "both": gain["prompt"] > margin and gain["bare"] > margin}[kind]
-                if win:
-                    chosen = alt
+                chosen = alt if win else voted
                 flips.append((len(records), len(words), chosen, voted if win else alt))
-                records.append({"rule": rule, "case": case, "time": round(t, 1), "window": ws, "rule_phrase": options[0],
-                                "alternative": options[1], "gain_prompt": round(gain["prompt"], 2),
-                                "gain_bare": round(gain["bare"], 2), "taken": win, "said": said})
+                records.append(record(rule, case, t, ws, options, gain, win, said))
             words += chosen
             slot_of = {id(slots[k][h]): k for k in range(i, j) for h in range(n) if slots[k][h] is not None}
             segs += [stream.segment[slot_of[id(w)]] for w in chosen]

@@ -80,13 +80,15 @@ def _bucketed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def warm_linears(linears: list, device: torch.device) -> None:
-    """Run every bucketed row count once through each distinct (weight shape, bias) of `linears`
-    (nn.Linear modules), so that cuBLAS has looked up their kernels before the first prefill (with
+    """Run every bucketed row count once through each distinct (weight shape, bias) of the nn.Linear
+    modules among `linears`, so that cuBLAS has looked up their kernels before the first prefill (with
     STREAMER_EAGER_OPS=lean; nothing otherwise)."""
     if _triton.EAGER_OPS != "lean":
         return
     seen = set()
     for lin in linears:
+        if not isinstance(lin, torch.nn.Linear):  # an FP8 linear is not cuBLAS's F.linear
+            continue
         key = (tuple(lin.weight.shape), lin.bias is not None, lin.weight.dtype)
         if key in seen:
             continue

@@ -26,7 +26,7 @@ from streamer.engine.request import SAMPLE_RATE, Priority
 from streamer.model.decoding import attempt_seed
 from streamer.model.logits import LogitRules, SamplerState, gumbel_
 from streamer.model.weights import LoadedModel
-from streamer.model.cpu_linear import with_half_weights
+from streamer.model.cpu_linear import HALF_LINEARS, with_half_weights
 from streamer.model.whisper import KVCache, SharedCross
 
 # Attention backends per path, chosen by whether the path's shapes are fixed and planned before
@@ -513,14 +513,11 @@ class Runner:
         shared = [rows for rows in groups.values() if len(rows) > 1]
         if not shared:
             return None
-        grouped = {r for rows in shared for r in rows}
-        alone, lo = [], None
-        for row in range(n + 1):
-            if row < n and row not in grouped:
-                lo = row if lo is None else lo
-            elif lo is not None:
+        alone, lo = [], 0
+        for row in sorted(r for rows in shared for r in rows) + [n]:  # the runs between grouped rows
+            if row > lo:
                 alone.append((lo, row))
-                lo = None
+            lo = row + 1
         return SharedCross([(rows[0], torch.tensor(rows)) for rows in shared], alone)
 
     def bucket(self, n: int) -> int:
@@ -655,12 +652,12 @@ class Runner:
         return g.out
 
     def warm_linears(self) -> None:
-        """Have cuBLAS look up its kernel for the decoder's linears at every row count an eager
-        prefill runs them at (`decode_linear.row_bucket`): ~260 us a new shape on the H200, paid
+        """Have cuBLAS look up its kernel for the decoder blocks' per-token linears (`HALF_LINEARS`:
+        not cross_kv, which runs per window) at every row count an eager prefill runs them at (`decode_linear.row_bucket`): ~260 us a new shape on the H200, paid
         otherwise by live finals whose prompts have a new length."""
         if self.device.type == "cuda":
             with torch.inference_mode():
-                warm_linears([m for m in self.model.decoder.modules() if isinstance(m, torch.nn.Linear)], self.device)
+                warm_linears([getattr(b, name) for b in self.model.decoder.blocks for name in HALF_LINEARS], self.device)
 
     def warm_encoder(self, max_batch: int) -> None:
         """Run the encoder once at every batch size up to `max_batch` (kernel plans, allocations)

@@ -18,8 +18,8 @@ from typing import Literal
 
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
-CacheFormat = Literal["fp16", "fp8", "int4"]
-CACHE_FORMATS = ("fp16", "fp8", "int4")  # the cross cache's storage (model/whisper.py, LayerKV)
+CacheFormat = Literal["fp16", "fp8", "int4", "absorbed"]
+CACHE_FORMATS = ("fp16", "fp8", "int4", "absorbed")  # the cross cache's storage (model/whisper.py, LayerKV)
 _SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
 _INTS = ("fp8_min_width",)  # every field in neither tuple is a site
 
@@ -71,7 +71,11 @@ class PrecisionConfig:
     K scaled per channel and tile, V per position) holds 0.53x of FP8's bytes with the same WER on
     tiny.en and base; its packed-math decode kernel (v2) runs 1.18-1.48x FP8's at B >= 32 on the H200,
     and 256 large-v3 windows reach rtf 3,514 against 3,238 (docs/benchmarks.md, session 15): mixed_fp8
-    uses it."""
+    uses it. "absorbed" (cuda_ops/cross_absorbed.py): no K/V at all; the cache holds each window's encoder
+    states X [1500, D] once for every layer, and the step folds the K projection into the query and
+    the V projection into the output (one read of X a layer: half fp16 K/V's bytes, 1/64 the memory,
+    no cross-K/V projection at admission); needs an fp16 `cross_kv_proj` (its weights are applied per
+    step)."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
@@ -103,6 +107,8 @@ class PrecisionConfig:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
         if not self.use_fused_layernorm and self.cross_kv_cache != "fp16":  # only the fused blocks read it
             raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs use_fused_layernorm=True")
+        if self.cross_kv_cache == "absorbed" and self.cross_kv_proj != "fp16":
+            raise ValueError("an absorbed cross_kv_cache needs cross_kv_proj='fp16' (its weights fold into each step)")
 
 
 def full_fp16() -> PrecisionConfig:

@@ -48,10 +48,10 @@ def plain(clips):
 
 # tiny.en is narrower than fp8_min_width: ":fp8_min_width=0" puts its FP8 linears in anyway.
 @pytest.mark.parametrize("precision", ["full_fp16", "mixed_fp8:fp8_min_width=0", "aggressive_fp8:fp8_min_width=0",
-                                       "mixed_fp8:cross_kv_cache=int4"])
+                                       "mixed_fp8:cross_kv_cache=int4", "full_fp16:cross_kv_cache=absorbed"])
 def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
     results = _run(precision, clips)
-    if precision == "full_fp16":  # same function, fp32 here: the same greedy tokens
+    if precision.startswith("full_fp16"):  # same function, fp32 here: the same greedy tokens
         assert [r.tokens for r in results] == [r.tokens for r in plain]
     else:  # FP8 or a 4-bit cross cache may move a token; the transcript must stay the same in substance
         for ours, ref in zip(results, plain):
@@ -184,3 +184,41 @@ def test_a_padded_vocabulary_gives_the_same_logits_and_stores_the_embedding_once
     english = load_model("tiny.en").model.decoder
     assert with_padded_vocabulary(english) is english
     assert isinstance(apply_precision(model, get_preset("full_fp16")).decoder.proj, PaddedTiedProjection)
+
+
+def test_absorbed_cross_cache_gives_the_fp16_caches_hidden_states_and_alignment_logits(clips):
+    """An absorbed cross cache (the windows' encoder states once, W_k folded into the query, W_v into
+    the output) against the fp16 K/V cache, same fused decoder, real audio: a prompt of 3 tokens (the
+    folded kernel with a windows index), one token a row, and a prompt longer than a head (70 > Dh:
+    K/V projected for the call); the word-alignment logits of two heads likewise. The cache stores X
+    once (not 2 x layers K/V) and compaction moves it with the rows."""
+    loaded = load_model("tiny.en")
+    dims = loaded.dims
+    model = apply_precision(loaded.model, get_preset("full_fp16"))
+    mel = log_mel_spectrogram(list(clips[:2]), dims.n_mels)
+    gen = torch.Generator().manual_seed(0)
+    long_tokens = torch.randint(0, 50000, (2, 70), generator=gen)
+    heads = [(1, 0), (3, 2)]
+    outs = {}
+    with torch.inference_mode():
+        features = model.encoder(mel)
+        for fmt in ("fp16", "absorbed"):
+            cache = KVCache(dims, 3, cross_format=fmt)
+            model.decoder.write_cross_kv(features, cache, 1)  # slots 1, 2: the batch is a view at start 1
+            first, qk = model.decoder(long_tokens[:, :3], torch.arange(3).expand(2, 3), 1, cache, cross_qk_heads=heads)
+            step = model.decoder(long_tokens[:, 3:4], torch.tensor([[3], [2]]), 1, cache)
+            long, long_qk = model.decoder(long_tokens, torch.arange(70).expand(2, 70), 1, cache, cross_qk_heads=heads)
+            outs[fmt] = (first, qk, step, long, long_qk)
+    for name, ours, ref in zip(("prompt", "prompt qk", "step", "long", "long qk"), outs["absorbed"], outs["fp16"]):
+        torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3, msg=name)
+    absorbed = KVCache(dims, 2, cross_format="absorbed")
+    assert absorbed.cross_x.shape == (2, dims.n_audio_ctx, dims.n_audio_state)
+    assert all(layer.cross_k is None and layer.shared_x is absorbed.cross_x for layer in absorbed.layers)
+    stored = lambda fmt: KVCache.bytes_per_slot(dims, 2, fmt, self_len=0)  # noqa: E731
+    assert stored("absorbed") == dims.n_text_layer * dims.n_audio_ctx * dims.n_audio_state * 2  # read by every layer
+    held = KVCache.bytes_per_slot(dims, 2, "absorbed") - KVCache.bytes_per_slot(dims, 2, "absorbed", self_len=dims.n_text_ctx)
+    assert held == -(dims.n_text_layer - 1) * dims.n_audio_ctx * dims.n_audio_state * 2  # held once
+    with pytest.raises(ValueError, match="absorbed cross cache is read by the fused blocks"):
+        loaded.model.decoder(long_tokens[:, :1], torch.zeros(2, 1, dtype=torch.long), 0, absorbed)
+    with pytest.raises(ValueError, match="cross_kv_proj='fp16'"):
+        get_preset("mixed_fp8:cross_kv_cache=absorbed:cross_kv_proj=fp8")

@@ -202,7 +202,7 @@ def test_kv_cache_buffers_are_registered():
     assert all(b[0].float().eq(1).all() for b in fp8.buffers())
 
 
-@pytest.mark.parametrize("cross_format", ["fp16", "fp8", "int4"])
+@pytest.mark.parametrize("cross_format", ["fp16", "fp8", "int4", "absorbed"])
 def test_move_rows_copies_the_cross_buffers_whole_and_the_self_positions_asked(cross_format):
     """Compaction (`Runner._remove_rows`): slots `src` land in slots `dst` byte for byte, cross K/V
     and scales whole, self K/V positions [0, upto) only; the rest of every slot is untouched. (The

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cuda_ops.attention import decode_attention, dequantize_kv
+from cuda_ops.cross_absorbed import absorb_query, absorbed_attention, absorbed_output
 from cuda_ops.cross_int4 import decode_attention_int4, dequantize_k, dequantize_v, write_cross_kv_int4
 from cuda_ops.cross_kv import write_cross_kv_fp8
 from cuda_ops.decode_linear import linear
@@ -24,7 +25,7 @@ from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
 from cuda_ops.precision import PrecisionConfig
 from streamer.model.whisper import (AudioEncoder, DecoderBlock, EncoderBlock, LayerKV, StepIndex, TextDecoder, Whisper,
-                                    _merge_heads, _split_heads, cross_qk, with_children)
+                                    _merge_heads, _split_heads, cross_qk, project_cross_kv, with_children)
 
 PREFILL_ROWS_MAX = 16
 """Prompt tokens up to which a prefill reads a quantised (FP8 or 4-bit) cross cache through decode
@@ -151,6 +152,9 @@ class FusedDecoderBlock(nn.Module):
         q = _split_heads(_linear(self.cross_q, h), self.n_head)
         ck, cv, k_scale, v_scale = cross
         B, H, T, Dh = q.shape
+        if cv is None:  # an absorbed cache: ck is the windows' encoder states X [B, 1500, D]
+            a, qk = self._absorbed_cross(q, ck, cross_qk_heads)
+            return *_mlp_delta(self, x, _linear(self.cross_out, _merge_heads(a))), qk
         if k_scale is not None and T <= PREFILL_ROWS_MAX:
             # Cross-attention has no mask, so each query token is one decode-attention row over its
             # slot's quantised cache (slot_ids repeat the slot): no dequantised copy of it is made.
@@ -172,6 +176,34 @@ class FusedDecoderBlock(nn.Module):
             keys = ck if k_scale is None else _dequantize_cross(ck, cv, k_scale, v_scale)[0]
             qk = cross_qk(q, keys, cross_qk_heads)
         return *_mlp_delta(self, x, _linear(self.cross_out, _merge_heads(a))), qk
+
+    def _absorbed_cross(self, q: Tensor, x: Tensor, cross_qk_heads: list[int] | None) -> tuple[Tensor, Tensor | None]:
+        """Cross-attention of q [B, H, T, Dh] over the windows' encoder states x [B, 1500, D]:
+        (a [B, H, T, Dh], the logits of `cross_qk_heads` or None). Up to Dh query tokens a row, the
+        K projection folds into the queries and V's into the output (cuda_ops.cross_absorbed: one
+        read of X); beyond that (long prompts) the multiply-adds of the folded form, T x H x D per
+        position, pass the projection's D x D, so K and V are projected for the call."""
+        B, H, T, Dh = q.shape
+        D = H * Dh
+        w, bias = self.cross_kv.weight, self.cross_kv.bias
+        keys = None
+        if T <= Dh:
+            rows = q.transpose(1, 2).reshape(B * T, H, Dh)
+            windows = None if T == 1 else torch.arange(B, dtype=torch.int32, device=q.device).repeat_interleave(T)
+            z = absorbed_attention(absorb_query(rows, w[:D]), x, windows)
+            a = absorbed_output(z, w[D:], None if bias is None else bias[D:]).view(B, T, H, Dh).transpose(1, 2)
+        else:
+            keys, values = project_cross_kv(self, x)
+            a = F.scaled_dot_product_attention(q, keys, values)
+        qk = None
+        if cross_qk_heads is not None:  # word alignment: the keys of those heads alone
+            if keys is None:
+                rows_k = w[:D].view(H, Dh, -1)[cross_qk_heads].reshape(len(cross_qk_heads) * Dh, -1)
+                keys = _split_heads(F.linear(x, rows_k), len(cross_qk_heads))
+                qk = cross_qk(q[:, cross_qk_heads], keys, list(range(len(cross_qk_heads))))
+            else:
+                qk = cross_qk(q, keys, cross_qk_heads)
+        return a, qk
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`: quantised in

@@ -174,15 +174,19 @@ class LayerKV(nn.Module):
     - "fp8": e4m3 K/V of the same shape, one fp32 scale per slot, head and CROSS_SCALE_TILE positions
       [slots, H, tiles] (written by cuda_ops.cross_kv);
     - "int4": 4-bit codes [slots, H, n_audio_ctx, Dh / 2] uint8, K scales per tile and channel
-      [slots, H, tiles, Dh] and V scales per position [slots, H, n_audio_ctx], fp16 (cuda_ops.cross_int4).
+      [slots, H, tiles, Dh] and V scales per position [slots, H, n_audio_ctx], fp16 (cuda_ops.cross_int4);
+    - "absorbed": none of its own: every layer reads the windows' encoder states X [slots, n_audio_ctx, D],
+      held once by the `KVCache` (`shared_x`), through cuda_ops.cross_absorbed.
     """
 
-    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16"):
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16",
+                 shared_x: Tensor | None = None):
         super().__init__()
         if cross_format not in CACHE_FORMATS:
             raise ValueError(f"cross_format must be one of {CACHE_FORMATS}, got {cross_format!r}")
         h, dh, t = dims.n_text_head, dims.head_dim, dims.n_audio_ctx
         self.cross_format = cross_format
+        self.shared_x = shared_x  # a plain attribute, not a buffer: the KVCache owns (and moves) it
 
         def make(t, width=dh, dtype=dtype):
             return torch.zeros(n_slots, h, t, width, device=device, dtype=dtype)
@@ -195,6 +199,7 @@ class LayerKV(nn.Module):
             "int4": lambda: (make(t, dh // 2, torch.uint8), make(t, dh // 2, torch.uint8),
                              torch.ones(n_slots, h, tiles, dh, device=device, dtype=torch.float16),
                              torch.ones(n_slots, h, t, device=device, dtype=torch.float16)),
+            "absorbed": lambda: (None, None, None, None),
         }[cross_format]()
         # Registered (not persistent: state, not weights), so that `.to()` and `buffers()` see them.
         buffers = {"self_k": make(dims.n_text_ctx), "self_v": make(dims.n_text_ctx),
@@ -207,7 +212,10 @@ class LayerKV(nn.Module):
         return self.self_k[s, :, :kv_len], self.self_v[s, :, :kv_len]
 
     def cross(self, s: slice) -> tuple:
-        """(k, v, k_scale, v_scale) of slots `s`; the scales are None for fp16/fp32 K/V."""
+        """(k, v, k_scale, v_scale) of slots `s`; the scales are None for fp16/fp32 K/V. Absorbed:
+        (X of slots `s` [B, n_audio_ctx, D], None, None, None): a block knows it by v being None."""
+        if self.cross_format == "absorbed":
+            return self.shared_x[s], None, None, None
         if self.cross_format == "fp16":
             return self.cross_k[s], self.cross_v[s], None, None
         return self.cross_k[s], self.cross_v[s], self.cross_k_scale[s], self.cross_v_scale[s]
@@ -241,12 +249,24 @@ class KVCache(nn.Module):
         super().__init__()
         self.n_slots = n_slots
         self.cross_format = cross_format
-        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_format) for _ in range(dims.n_text_layer))
+        x = None
+        if cross_format == "absorbed":  # one copy of each window's encoder states for every layer
+            x = torch.zeros(n_slots, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype)
+        self.register_buffer("cross_x", x, persistent=False)
+        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_format, x)
+                                    for _ in range(dims.n_text_layer))
+
+    def write_x(self, audio_features: Tensor, s: slice) -> None:
+        """An absorbed cache's windows: `audio_features` [B, 1500, D] into slots `s`."""
+        copy_words(self.cross_x[s], audio_features)
 
     def move_rows(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
         """Copy slots `src` into slots `dst` (compaction when sequences leave; the two disjoint): the
         cross K/V and scales whole, the self-attention K/V positions [0, upto) only (the rest is
         unwritten: 448 positions of a large-v3 slot are 73 MB, ~100 used are 17)."""
+        if self.cross_x is not None:
+            w = _as_words(self.cross_x)
+            w[dst] = w[src]
         for layer in self.layers:
             for name, b in layer.named_buffers():
                 w = _as_words(b)
@@ -265,13 +285,16 @@ class KVCache(nn.Module):
     @staticmethod
     def bytes_per_slot(dims: ModelDims, itemsize: int, cross_format: str = "fp16", self_len: float | None = None) -> int:
         """A slot's K/V bytes: all of them (memory), or with `self_len` those a decode step reads
-        (the self-attention's valid positions only; every cross position, scales included)."""
+        (the self-attention's valid positions only; every cross position, scales included; an absorbed
+        cache's X is stored once and read by every layer)."""
         # The cross buffers as LayerKV allocates them (on the meta device: shapes only, no memory).
         layer = LayerKV(dims, 1, "meta", {2: torch.float16, 4: torch.float32}[itemsize], cross_format)
         cross = sum(b.numel() * b.element_size() for name, b in layer.named_buffers() if name.startswith("cross"))
+        x = dims.n_audio_ctx * dims.n_audio_state * itemsize if cross_format == "absorbed" else 0
+        reads = self_len is not None
         self_len = dims.n_text_ctx if self_len is None else self_len
-        per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross
-        return int(per_layer * dims.n_text_layer)
+        per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross + (x if reads else 0)
+        return int(per_layer * dims.n_text_layer + (0 if reads else x))
 
 
 class PassCache:
@@ -340,6 +363,8 @@ class DecoderBlock(nn.Module):
         # cross: (k, v, k_scale, v_scale) of this batch's slots, [B, H, 1500, Dh] (+ [B, H, 12] FP8 scales).
         # Returns (x, the cross-attention logits of `cross_qk_heads`, or None: `cross_qk`).
         cross_k, cross_v, _, _ = cross
+        if cross_v is None:
+            raise ValueError("an absorbed cross cache is read by the fused blocks (model/fused.py), not the plain ones")
         q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         q, k, v = (_split_heads(t, self.n_head) for t in (q, k, v))
         self_k[index.rows, :, index.positions] = k.transpose(1, 2)  # [B, T, H, Dh] at (row, position)
@@ -387,6 +412,9 @@ class TextDecoder(nn.Module):
     def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
         s = slice(start, start + audio_features.shape[0])
+        if cache.cross_format == "absorbed":  # the encoder states themselves, once for every layer
+            cache.write_x(audio_features, s)
+            return
         for block, layer in zip(self.blocks, cache.layers):
             block.write_cross_kv(audio_features, layer, s)
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 22 (issue 15): the absorbed cross-attention (cuda_ops/cross_absorbed.py; the cache holds each
+# window's encoder states once, the step folds W_k into the query and W_v into the output) on the GPU.
+# Needs only the tree and .carry/inputs (python benchmarks/make_gpu_inputs.py --no-base):
+#   run(command="bash benchmarks/gpu_s22.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200")
+# 1. the kernel's tests on CUDA (against the fp32 reference, odd shapes, both launch orientations);
+# 2. profile_engine, large-v3 shape, 256 windows x 100 forced tokens: full_fp16 against
+#    full_fp16:cross_kv_cache=absorbed, same call (s19: 2,315 rtf; s20: 2,274);
+# 3. probe_absorbed.py --sweep (one layer's cross-attention, cuDNN over K/V vs absorbed, each launch).
+# Env: WINDOWS (256), RUNS (the two), SKIP_SWEEP=1, SWEEP_ROWS (256,32), BUDGET_S (560).
+set -uo pipefail
+START=$SECONDS
+BUDGET=${BUDGET_S:-560}
+source benchmarks/gpu_budget.sh
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+t=$SECONDS
+timeout $(cap 150 400) python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_cross_absorbed.py 2>&1 | tail -6 \
+  | tee "$OUT/cuda_tests_absorbed.log"
+echo "tests $((SECONDS - t)) s"
+for run in ${RUNS:-large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed}; do
+  t=$SECONDS
+  name=$(echo "$run" | tr ':=' '__')
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 170 60) python3 profile_engine.py \
+    --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --runs "$run" --windows ${WINDOWS:-256} \
+    --out "profile_s22_$name.json") 2>&1 | grep -v "Warning\|warn" | tail -52 > "$OUT/profile_$name.log"
+  echo "== $run rc=$? $((SECONDS - t)) s"; grep -A2 "^shape" "$OUT/profile_$name.log"; grep "kernel seconds\|admission parts" "$OUT/profile_$name.log"
+  grep -i "error\|Traceback" "$OUT/profile_$name.log" | head -5
+done
+if [ -z "${SKIP_SWEEP:-}" ] && (( $(left) > 40 )); then
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(( $(left) - 10 )) python3 probe_absorbed.py --rows ${SWEEP_ROWS:-256,32} \
+    --sweep) 2>&1 | tee "$OUT/probe_absorbed.log" | grep -v "^sweep"
+fi
+echo "=== $((SECONDS - START)) s in all"

@@ -1,0 +1,131 @@
+"""One decoder layer's cross-attention at a decode step, as the captured step runs it (cuDNN's attention
+over the window's K and V cache, [B, H, 1500, Dh] each) against the absorbed form
+(cuda_ops/cross_absorbed.py: the query folded through W_k, one read of the encoder states X
+[B, 1500, D], the output through W_v), measured before it is built into the model.
+
+    python benchmarks/probe_absorbed.py [--width 1280] [--rows 32,128,256] [--device cuda] [--sweep]
+
+Prints per row count: ms of cuDNN (and flash) over K/V, of the absorbed kernel alone and of the whole
+absorbed path (absorb_query + kernel + absorbed_output), the bytes each reads as GB/s, and the
+largest difference of the absorbed path's output from the K/V path's. `--sweep` times every launch in
+LAUNCHES and reports the best per row count. Writes benchmarks/results/probe_absorbed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common import environment, table, write_json
+from cuda_ops.cross_absorbed import (AbsorbedLaunch, absorb_query, absorbed_attention, absorbed_flops, absorbed_output,
+                                     choose_splits)
+
+LAUNCHES = [AbsorbedLaunch(32, 32, 1, 8, 2), AbsorbedLaunch(16, 64, 1, 8, 2), AbsorbedLaunch(16, 32, 0, 8, 2),
+            AbsorbedLaunch(16, 32, 0, 4, 2), AbsorbedLaunch(32, 32, 0, 8, 2)] + [
+    AbsorbedLaunch(g, 64, s, w, 2, True) for g, s, w in itertools.product((16, 32), (1, 0), (4, 8))]
+
+
+def timer(dev: torch.device, calls: int):
+    def ms(fn) -> float:
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / calls
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls * 1e3
+    return ms
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--width", type=int, default=1280)  # large-v3
+    p.add_argument("--rows", default="32,128,256")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--sweep", action="store_true")
+    args = p.parse_args()
+    dev = torch.device(args.device)
+    dtype = torch.float16
+    D, dh, T = args.width, 64, 1500
+    H = D // dh
+    ms = timer(dev, args.calls)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    w_kv = (torch.randn(2 * D, D, generator=gen) * D**-0.5).to(dev, dtype)
+    b_v = (torch.randn(D, generator=gen) * 0.1).to(dev, dtype)
+    w_k, w_v = w_kv[:D], w_kv[D:]
+    rows_out, sweep_out = [], []
+    for B in (int(r) for r in args.rows.split(",")):
+        x = torch.randn(B, T, D, generator=gen).to(dev, dtype)  # encoder states after ln_post: unit scale
+        q = torch.randn(B, H, dh, generator=gen).to(dev, dtype)
+        kv = x @ w_kv.t()
+        k, v = kv[..., :D], kv[..., D:] + b_v
+        k, v = (t.reshape(B, T, H, dh).transpose(1, 2).contiguous() for t in (k, v))  # the cache layout
+        q4 = q[:, :, None]
+
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q4, k, v)[:, :, 0]
+            return run
+
+        ref = sdpa(SDPBackend.CUDNN_ATTENTION if dev.type == "cuda" else SDPBackend.MATH)().float()
+        qa = absorb_query(q, w_k)  # for the kernel alone
+
+        def absorbed(launch):
+            return lambda: absorbed_output(absorbed_attention(absorb_query(q, w_k), x, launch=launch), w_v, b_v)
+
+        best = AbsorbedLaunch()
+        if args.sweep and dev.type == "cuda":
+            timed = []
+            for launch in LAUNCHES:
+                try:
+                    t = ms(lambda: absorbed_attention(qa, x, launch=launch))
+                except Exception as e:  # noqa: BLE001 - a launch that does not compile (registers, shared memory)
+                    sweep_out.append({"rows": B, **launch._asdict(), "error": type(e).__name__})
+                    continue
+                timed.append((t, launch))
+                sweep_out.append({"rows": B, **launch._asdict(), "kernel_ms": round(t, 4)})
+                print(f"sweep rows {B} {'/'.join(map(str, launch))}: {t:.4f} ms", flush=True)
+            best = min(timed)[1]
+        diff = (absorbed(best)().float() - ref).abs().max().item()
+        kv_bytes = 2 * B * T * D * 2
+        x_bytes = B * T * D * 2
+        row = {"rows": B, "launch": "/".join(map(str, best)),
+               "splits": best.splits or choose_splits(B, -(-H // best.group), T, 132, best.block_t)}
+        if dev.type == "cuda":
+            for name, backend in (("cudnn_ms", SDPBackend.CUDNN_ATTENTION), ("flash_ms", SDPBackend.FLASH_ATTENTION)):
+                row[name] = round(ms(sdpa(backend)), 4)
+        else:
+            row["cudnn_ms"] = round(ms(sdpa(SDPBackend.MATH)), 4)
+        row["kernel_ms"] = round(ms(lambda: absorbed_attention(qa, x, launch=best)), 4)
+        row["absorb_q_ms"] = round(ms(lambda: absorb_query(q, w_k)), 4)
+        row["absorbed_ms"] = round(ms(lambda: absorbed_output(absorbed_attention(absorb_query(q, w_k), x, launch=best),
+                                                              w_v, b_v)), 4)
+        row["cudnn_GBps"] = round(kv_bytes / row["cudnn_ms"] / 1e6)
+        row["kernel_GBps"] = round(x_bytes / row["kernel_ms"] / 1e6)
+        row["kernel_TFLOPs"] = round(absorbed_flops(B, H, T, D) / row["kernel_ms"] / 1e9, 1)
+        row["speedup"] = round(row["cudnn_ms"] / row["absorbed_ms"], 3)
+        row["max_diff"] = float(f"{diff:.3g}")
+        rows_out.append(row)
+        print(table([row], list(row)), flush=True)
+    print(table(rows_out, list(rows_out[0])))
+    write_json("probe_absorbed.json", {"command": "python benchmarks/probe_absorbed.py " + " ".join(
+        f"--{k} {v}" for k, v in vars(args).items()), "environment": environment(), "rows": rows_out,
+        "sweep": sweep_out})
+
+
+if __name__ == "__main__":
+    main()

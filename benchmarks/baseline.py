@@ -8,7 +8,8 @@ several baseline files, each row is compared with the fastest recorded value for
 run that was committed (as the decode step of 2026-11-30 14:12 was, issue 15) does not become the
 new standard. A row that no file has for its own preset is compared with the preset it must not
 be slower than (`FALLBACK`: full_fp16 is plain PyTorch plus our kernels, the FP8 presets are
-offered only where they beat full_fp16), marked "(via PRESET)". Runs with a different forced
+offered only where they beat full_fp16; a preset with fields overridden, "full_fp16:cross_kv_cache=absorbed",
+is held to the preset itself), marked "(via PRESET)". Runs with a different forced
 token count are not compared.
 
     python benchmarks/baseline.py NEW.json OLD.json [OLD2.json ...]
@@ -98,7 +99,8 @@ def _lookup(best: dict, key: tuple):
         k = (key[0], precision, *key[2:])
         if k in best:
             return best[k], precision
-        precision = FALLBACK.get(precision)
+        # A preset with fields overridden ("full_fp16:cross_kv_cache=absorbed") is held to its preset.
+        precision = precision.split(":")[0] if ":" in precision else FALLBACK.get(precision)
     return None, None
 
 

@@ -7,7 +7,10 @@
 # 2. profile_engine, large-v3 shape, 256 windows x 100 forced tokens: full_fp16 against
 #    full_fp16:cross_kv_cache=absorbed, same call (s19: 2,315 rtf; s20: 2,274);
 # 3. probe_absorbed.py --sweep (one layer's cross-attention, cuDNN over K/V vs absorbed, each launch).
-# Env: WINDOWS (256), RUNS (the two), SKIP_SWEEP=1, SWEEP_ROWS (256,32), BUDGET_S (560).
+# PART=2 (same carry): bench_engine over the shapes and batches with full_fp16 and the absorbed cache against
+# every recorded bench_engine*_h200.json (--baseline: rows > 10 % slower flagged) and transformers.
+# Env: WINDOWS (256), RUNS (the two), SKIP_SWEEP=1, SWEEP_ROWS (256,32), BUDGET_S (560); PART=2: PRECISIONS,
+# SHAPES, BATCHES, HF_BATCHES as gpu_session.sh.
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-560}
@@ -15,6 +18,18 @@ source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+if [ "${PART:-1}" = 2 ]; then
+  baselines=""
+  for f in benchmarks/results/bench_engine*_h200.json; do baselines="$baselines --baseline ../$f"; done
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(( $(left) - 15 )) python3 bench_engine.py \
+    --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" \
+    --shapes "${SHAPES:-large-v3,large-v3-turbo}" --batches "${BATCHES:-1,32,128,256}" --hf-batches "${HF_BATCHES:-1,32,128}" \
+    --precisions "${PRECISIONS:-full_fp16,full_fp16:cross_kv_cache=absorbed}" $baselines --out bench_engine_s22_h200.json) \
+    2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine.log"
+  echo "engine rc=${PIPESTATUS[0]} (3: rows > 10 % slower than the baseline) $((SECONDS - START)) s"
+  tail -60 "$OUT/bench_engine.log"
+  exit 0
+fi
 t=$SECONDS
 timeout $(cap 150 400) python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_cross_absorbed.py 2>&1 | tail -6 \
   | tee "$OUT/cuda_tests_absorbed.log"

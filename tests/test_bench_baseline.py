@@ -58,6 +58,9 @@ def test_a_preset_without_rows_of_its_own_is_held_to_the_one_it_must_beat():
     new = _report(step_128=12.5, wall_128=2.2, encoder=270, precision="mixed_fp8")
     step = _by(baseline.compare(new, [("old.json", old)]), 128, "step_ms")
     assert step["baseline_file"] == "old.json (via full_fp16)" and step["flag"] == "SLOWER"
+    variant = _report(step_128=8.0, wall_128=2.0, encoder=230, precision="full_fp16:cross_kv_cache=absorbed")
+    step = _by(baseline.compare(variant, [("old.json", old)]), 128, "step_ms")  # a preset's variant: held to it
+    assert step["baseline_file"] == "old.json (via full_fp16)" and step["slower_x"] == pytest.approx(8.0 / 11.16)
     plain = _report(step_128=13.1, wall_128=2.68, encoder=163, precision="plain")
     rows = baseline.compare(_report(18.4, 2.4, 210), [("plain.json", plain)])
     assert _by(rows, 128, "step_ms")["flag"] == "SLOWER" and _by(rows, 128, "wall_s")["flag"] == ""

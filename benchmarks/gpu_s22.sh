@@ -4,12 +4,14 @@
 # Needs only the tree and .carry/inputs (python benchmarks/make_gpu_inputs.py --no-base):
 #   run(command="bash benchmarks/gpu_s22.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200")
 # 1. the kernel's tests on CUDA (against the fp32 reference, odd shapes, both launch orientations);
-# 2. profile_engine, large-v3 shape, 256 windows x 100 forced tokens: full_fp16 against
-#    full_fp16:cross_kv_cache=absorbed, same call (s19: 2,315 rtf; s20: 2,274);
-# 3. probe_absorbed.py --sweep (one layer's cross-attention, cuDNN over K/V vs absorbed, each launch).
+# 2. probe_absorbed.py --sweep (one layer's cross-attention, cuDNN over K/V vs absorbed, each launch);
+# 3. profile_engine, large-v3 shape, WINDOWS windows x 100 forced tokens: full_fp16 against
+#    full_fp16:cross_kv_cache=absorbed, and that with the sweep's best launch, same call (H200 @256:
+#    s19 2,315 rtf, s20 2,274).
 # PART=2 (same carry): bench_engine over the shapes and batches with full_fp16 and the absorbed cache against
 # every recorded bench_engine*_h200.json (--baseline: rows > 10 % slower flagged) and transformers.
-# Env: WINDOWS (256), RUNS (the two), SKIP_SWEEP=1, SWEEP_ROWS (256,32), BUDGET_S (560); PART=2: PRECISIONS,
+# Env: WINDOWS (128: full_fp16's K/V of 256 large-v3 windows do not fit an H100), RUNS (the two; then the
+# absorbed cache again with the sweep's best launch at BEST_AT rows, 128), SKIP_SWEEP=1, SWEEP_ROWS (256,128,32), BUDGET_S (560); PART=2: PRECISIONS,
 # SHAPES, BATCHES, HF_BATCHES as gpu_session.sh.
 set -uo pipefail
 START=$SECONDS
@@ -34,17 +36,26 @@ t=$SECONDS
 timeout $(cap 150 400) python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_cross_absorbed.py 2>&1 | tail -6 \
   | tee "$OUT/cuda_tests_absorbed.log"
 echo "tests $((SECONDS - t)) s"
-for run in ${RUNS:-large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed}; do
+best=""
+if [ -z "${SKIP_SWEEP:-}" ]; then
   t=$SECONDS
-  name=$(echo "$run" | tr ':=' '__')
-  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 170 60) python3 profile_engine.py \
-    --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --runs "$run" --windows ${WINDOWS:-256} \
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 200 200) python3 probe_absorbed.py --rows ${SWEEP_ROWS:-256,128,32} \
+    --sweep) 2>&1 | tee "$OUT/probe_absorbed.log" | grep -v "^sweep" | tail -6
+  echo "sweep $((SECONDS - t)) s"
+  best=$(python3 -c "import json; r=json.load(open('$OUT/probe_absorbed.json'))['rows']; print(next(x['launch'] for x in r if x['rows']==${BEST_AT:-128}))")
+  echo "best launch at ${BEST_AT:-128} rows: $best"
+fi
+runs=${RUNS:-large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed}
+for run in $runs ${best:+best:large-v3:full_fp16:cross_kv_cache=absorbed}; do
+  t=$SECONDS
+  launch=""
+  case $run in best:*) run=${run#best:}; launch=$best ;; esac
+  name=$(echo "$run${launch:+_$launch}" | tr ':=/' '___')
+  (cd benchmarks && STREAMER_ABSORBED_LAUNCH=${launch:-16/32/0/8/2} BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 20) python3 profile_engine.py \
+    --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --runs "$run" --windows ${WINDOWS:-128} \
     --out "profile_s22_$name.json") 2>&1 | grep -v "Warning\|warn" | tail -52 > "$OUT/profile_$name.log"
-  echo "== $run rc=$? $((SECONDS - t)) s"; grep -A2 "^shape" "$OUT/profile_$name.log"; grep "kernel seconds\|admission parts" "$OUT/profile_$name.log"
+  echo "== $run ${launch:+launch $launch} $((SECONDS - t)) s"; grep -A2 "^shape" "$OUT/profile_$name.log" | cut -c1-200
+  grep "kernel seconds\|admission parts" "$OUT/profile_$name.log"; grep -m3 "s  " "$OUT/profile_$name.log"
   grep -i "error\|Traceback" "$OUT/profile_$name.log" | head -5
 done
-if [ -z "${SKIP_SWEEP:-}" ] && (( $(left) > 40 )); then
-  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(( $(left) - 10 )) python3 probe_absorbed.py --rows ${SWEEP_ROWS:-256,32} \
-    --sweep) 2>&1 | tee "$OUT/probe_absorbed.log" | grep -v "^sweep"
-fi
 echo "=== $((SECONDS - START)) s in all"

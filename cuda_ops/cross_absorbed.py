@@ -22,6 +22,7 @@ power-of-two parts (1280 = 1024 + 256), since Triton's blocks are powers of two.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -43,10 +44,26 @@ class AbsorbedLaunch(NamedTuple):
     num_stages: int = 2
     transposed: bool = False
     """Positions and the width as the products' M (scores^T = X q^T, z^T = X^T p^T), so that Hopper's
-    warpgroup MMA (M a multiple of 64) can run them; else the query rows are M (16 or 32)."""
+    warpgroup MMA (M a multiple of 64) can run them; else the query rows are M (16 or 32). At width
+    1280 it does not fit (OutOfResources on the H100, session 22)."""
+    reload_q: bool = False
+    """Load the group's queries from global memory (L1) at every block instead of holding them in
+    registers beside the [HG, D] accumulator (at HG 32 and 8 warps the two need ~240 registers a thread)."""
 
 
-DEFAULT_LAUNCH = AbsorbedLaunch()
+def parse_launch(text: str) -> AbsorbedLaunch:
+    """"group/block_t/splits/num_warps/num_stages[/transposed[/reload_q]]" (as the probe prints it;
+    booleans as 0/1 or False/True) -> AbsorbedLaunch."""
+    parts = text.split("/")
+    if not 5 <= len(parts) <= 7:
+        raise ValueError(f"an absorbed launch is g/bt/splits/warps/stages[/transposed[/reload_q]], got {text!r}")
+    ints = [int(p) for p in parts[:5]]
+    flags = [p in ("1", "True") for p in parts[5:]]
+    return AbsorbedLaunch(*ints, *flags)
+
+
+DEFAULT_LAUNCH = parse_launch(os.environ.get("STREAMER_ABSORBED_LAUNCH", "16/32/0/8/2"))
+"""The engine's launch; STREAMER_ABSORBED_LAUNCH sets another (A/B runs: benchmarks/gpu_s22.sh)."""
 
 
 def width_parts(d: int) -> tuple[int, int]:
@@ -112,6 +129,8 @@ def absorbed_attention_triton(qa: Tensor, x: Tensor, windows: Tensor | None = No
         raise ValueError(f"{B} rows over {W} windows need a windows index")
     if windows is not None and (windows.shape != (B,) or windows.dtype != torch.int32):
         raise ValueError(f"windows must be int32 [{B}], got {windows.dtype} {tuple(windows.shape)}")
+    if launch.transposed and launch.reload_q:
+        raise ValueError("reload_q is for the untransposed launch")
     da, db = width_parts(D)
     hg, bt = launch.group, launch.block_t
     groups = -(-Hq // hg)
@@ -134,7 +153,7 @@ def absorbed_attention_triton(qa: Tensor, x: Tensor, windows: Tensor | None = No
         qa.stride(0), qa.stride(1), x.stride(0), x.stride(1),
         out.stride(0), out.stride(1), out.stride(2), Hq * splits if not one else 0,
         HQ=Hq, GROUPS=groups, HG=hg, BT=bt, DA=da, DB=db,
-        HAS_WINDOWS=windows is not None, NORMALIZE=one, TRANS=launch.transposed,
+        HAS_WINDOWS=windows is not None, NORMALIZE=one, TRANS=launch.transposed, RELOAD=launch.reload_q,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     if one:
@@ -163,7 +182,7 @@ def _absorbed_kernel(
     qa_ptr, x_ptr, win_ptr, o_ptr, m_ptr, l_ptr, T, span,
     s_qb, s_qh, s_xw, s_xt, s_ob, s_os, s_oh, s_mb,
     HQ: tl.constexpr, GROUPS: tl.constexpr, HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-    HAS_WINDOWS: tl.constexpr, NORMALIZE: tl.constexpr, TRANS: tl.constexpr,
+    HAS_WINDOWS: tl.constexpr, NORMALIZE: tl.constexpr, TRANS: tl.constexpr, RELOAD: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)  # row * GROUPS + group: a row's groups run side by side and share X in L2
     split = tl.program_id(1)
@@ -181,6 +200,9 @@ def _absorbed_kernel(
     q_b = q_a
     if DB > 0:
         q_b = tl.load(q_row + db[None, :], mask=hmask[:, None], other=0.0)
+    if RELOAD:  # _span loads them per block
+        q_a = q_row
+        q_b = hmask
     x_row = x_ptr + w.to(tl.int64) * s_xw
     t_lo = split * span
     t_hi = tl.minimum(T, t_lo + span)
@@ -189,7 +211,7 @@ def _absorbed_kernel(
     if TRANS:
         acc_a, acc_b, m_i, l_i = _span_t(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB)
     else:
-        acc_a, acc_b, m_i, l_i = _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB)
+        acc_a, acc_b, m_i, l_i = _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB, RELOAD)
     o_row = o_ptr + b.to(tl.int64) * s_ob + split * s_os + heads[:, None] * s_oh
     if NORMALIZE:
         inv = 1.0 / l_i
@@ -207,14 +229,22 @@ def _absorbed_kernel(
 
 @jit
 def _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
-          HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
-    """Online softmax over positions [t_lo, t_hi), query rows as M: (acc_a, acc_b [HG, DA/DB], m, l)."""
+          HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, RELOAD: tl.constexpr):
+    """Online softmax over positions [t_lo, t_hi), query rows as M: (acc_a, acc_b [HG, DA/DB], m, l).
+    RELOAD: q_a is the queries' row pointer [HG, 1] and q_b their mask [HG], loaded at every block."""
     acc_a = tl.zeros([HG, DA], tl.float32)
     acc_b = tl.zeros([HG, DB if DB > 0 else 16], tl.float32)
     for t0 in range(t_lo, t_hi, BT):
         offs_t = t0 + tl.arange(0, BT)
         tmask = offs_t < t_hi
-        s, xa, xb = _scores(q_a, q_b, x_row, offs_t, tmask, da, db, s_xt, DB)
+        if RELOAD:
+            qa_blk = tl.load(q_a + da[None, :], mask=q_b[:, None], other=0.0)
+            qb_blk = qa_blk
+            if DB > 0:
+                qb_blk = tl.load(q_a + db[None, :], mask=q_b[:, None], other=0.0)
+            s, xa, xb = _scores(qa_blk, qb_blk, x_row, offs_t, tmask, da, db, s_xt, DB)
+        else:
+            s, xa, xb = _scores(q_a, q_b, x_row, offs_t, tmask, da, db, s_xt, DB)
         s = tl.where(tmask[None, :], s * 1.4426950408889634, float("-inf"))  # log2 units for exp2
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)

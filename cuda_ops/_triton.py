@@ -55,12 +55,13 @@ def num_sms(device: torch.device) -> int:
     return 132
 
 
-EAGER_OPS = os.environ.get("STREAMER_EAGER_OPS", "kernels")
-"""How ops outside CUDA graph capture (prefills) launch on CUDA: "kernels" (the default: our Triton
-kernels, cuBLAS at the rows given) or "lean" (`eager_small` tensors through PyTorch's ops, cuBLAS
-linears at bucketed row counts: `decode_linear.row_bucket`). "lean" is built on what
-benchmarks/probe_launch.py measured (H200, session 20) but not yet measured end to end on a GPU:
-benchmarks/gpu_s20b.sh is the A/B that decides the default."""
+EAGER_OPS = os.environ.get("STREAMER_EAGER_OPS", "lean")
+"""How ops outside CUDA graph capture (prefills) launch on CUDA: "lean" (the default: `eager_small`
+tensors through PyTorch's ops, cuBLAS linears at bucketed row counts, `decode_linear.row_bucket`,
+looked up before serving) or "kernels" (our Triton kernels, cuBLAS at the rows given). Measured in one
+call on an H100 (session 22, docs/benchmarks.md): first token of live finals at new prompt lengths
+p50 6.6 vs 9.3 ms (tiny.en) and 25.6 vs 36.7 ms (large-v3 shape); `accurate` uploads the same within
+noise (354 / 361 / 430 vs 403 / 368 audio s/s); the CUDA tests pass with it."""
 if EAGER_OPS not in ("kernels", "lean"):
     raise ValueError(f"STREAMER_EAGER_OPS must be kernels or lean, got {EAGER_OPS!r}")
 

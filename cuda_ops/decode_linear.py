@@ -42,7 +42,7 @@ MAX_ROWS = 256
 
 BUCKET_ROWS_MAX = 16384
 """Rows up to which an eager cuBLAS linear (outside graph capture: a prefill) runs at `row_bucket`'s
-row count, with STREAMER_EAGER_OPS=lean (`_triton.EAGER_OPS`). cuBLASLt looks up its kernel per new
+row count, with STREAMER_EAGER_OPS=lean (`_triton.EAGER_OPS`, the default). cuBLASLt looks up its kernel per new
 problem shape, and that lookup costs the host ~260 us against ~20 us for a shape it has seen
 (benchmarks/probe_launch.py, H200, session 20): a prefill's rows are windows x prompt length, nearly
 always new, so a live final with a new prompt length pays it in each of the decoder's linears (6 a
@@ -82,7 +82,7 @@ def _bucketed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def warm_linears(linears: list, device: torch.device) -> None:
     """Run every bucketed row count once through each distinct (weight shape, bias) of the nn.Linear
     modules among `linears`, so that cuBLAS has looked up their kernels before the first prefill (with
-    STREAMER_EAGER_OPS=lean; nothing otherwise)."""
+    STREAMER_EAGER_OPS=lean, the default; nothing with "kernels")."""
     if _triton.EAGER_OPS != "lean":
         return
     seen = set()

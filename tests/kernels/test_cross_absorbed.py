@@ -25,7 +25,7 @@ if CUDA:
     SHAPES = [(1, 6, 1, 384, False), (3, 6, 33, 384, True), (5, 8, 1500, 512, False), (2, 12, 300, 768, True),
               (7, 16, 1500, 1024, False), (4, 20, 1500, 1280, True), (33, 20, 1500, 1280, False)]
     LAUNCHES = [AbsorbedLaunch(), AbsorbedLaunch(32, 32, 1, 8, 2), AbsorbedLaunch(16, 16, 0, 4, 2, True),
-                AbsorbedLaunch(32, 32, 0, 16, 3, False, True), AbsorbedLaunch(16, 16, 1, 8, 3, False, True)]
+                AbsorbedLaunch(32, 32, 0, 16, 2, False, True), AbsorbedLaunch(16, 16, 1, 8, 3, False, True)]
 else:
     SHAPES = [(1, 6, 1, 384, False), (2, 6, 33, 384, True), (1, 20, 70, 1280, True), (2, 3, 300, 768, False)]
     LAUNCHES = [AbsorbedLaunch(16, 32, 0, 4, 1), AbsorbedLaunch(16, 16, 1, 4, 1, True),

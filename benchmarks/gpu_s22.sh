@@ -8,6 +8,7 @@
 # 3. profile_engine, large-v3 shape, WINDOWS windows x 100 forced tokens: full_fp16 against
 #    full_fp16:cross_kv_cache=absorbed, and that with the sweep's best launch, same call (H200 @256:
 #    s19 2,315 rtf, s20 2,274).
+# PART=3 (same carry): ncu on one launch of the engine's absorbed kernel (stall reasons, occupancy, spills).
 # PART=2 (same carry): bench_engine over the shapes and batches with full_fp16 and the absorbed cache against
 # every recorded bench_engine*_h200.json (--baseline: rows > 10 % slower flagged) and transformers.
 # Env: WINDOWS (128: full_fp16's K/V of 256 large-v3 windows do not fit an H100), RUNS (the two; then the
@@ -20,6 +21,14 @@ source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+if [ "${PART:-1}" = 3 ]; then  # why the absorbed kernel runs at half the bandwidth: Nsight Compute on one launch
+  (cd benchmarks && timeout $(( $(left) - 15 )) ncu --clock-control none --kernel-name regex:_absorbed_kernel \
+    --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section LaunchStats --section SourceCounters \
+    python3 probe_absorbed.py --rows ${NCU_ROWS:-256} --calls 2) > "$OUT/ncu_absorbed.txt" 2>&1
+  echo "ncu rc=$?"; grep -iE "Duration|Throughput|Registers|Occupancy|Stall|Spill|Shared Memory|Warp Cycles" "$OUT/ncu_absorbed.txt" | head -60
+  exit 0
+fi
 if [ "${PART:-1}" = 2 ]; then
   baselines=""
   for f in benchmarks/results/bench_engine*_h200.json; do baselines="$baselines --baseline ../$f"; done

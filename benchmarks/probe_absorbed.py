@@ -22,16 +22,32 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import environment, table, write_json
-from cuda_ops.cross_absorbed import (AbsorbedLaunch, absorb_query, absorbed_attention, absorbed_flops, absorbed_output,
+from cuda_ops.cross_absorbed import (DEFAULT_LAUNCH, AbsorbedLaunch, absorb_query, absorbed_attention, absorbed_flops, absorbed_output,
                                      choose_splits)
 
-# Session 22's first sweep (H100): the best were 32/32/1/8/2 (0.599 ms at 256 rows, 1.65 TB/s) and
-# 16/64/1/8/2 (0.149 ms at 32); every transposed launch was OutOfResources at width 1280. Now: queries
-# reloaded per block (registers for the accumulator), 16 warps, smaller blocks with deeper pipelines.
-LAUNCHES = [AbsorbedLaunch(32, 32, 1, 8, 2), AbsorbedLaunch(16, 64, 1, 8, 2), AbsorbedLaunch(16, 32, 0, 8, 2)] + [
-    AbsorbedLaunch(g, bt, s, w, st, False, True)
-    for g, bt, s, w, st in itertools.product((16, 32), (16, 32), (1, 0), (8, 16), (2, 3))
-    if not (bt == 32 and st == 3)]  # 32 x 1280 halves x 3 stages: past the shared memory
+# Session 22's sweeps (H100, results/s22_h100/probe_absorbed_sweep{1,2}.json): the best were 16/64/1/8/2
+# (0.60 ms at 256 rows: 1.6 TB/s over X, 0.96x cuDNN over K/V) and 32/32/1/8/2 with reload_q (0.30 ms at
+# 128); transposed launches, 16 warps, smaller blocks and deeper pipelines lost or did not fit. Next:
+# the next block's X loaded before this block's products (prefetch), with each sweep entry's registers
+# and spills (`compiled_kernels`) to tell latency from spills.
+LAUNCHES = [AbsorbedLaunch(16, 64, 1, 8, 2), AbsorbedLaunch(32, 32, 1, 8, 2, False, True)] + [
+    AbsorbedLaunch(g, bt, 1, 8, st, False, reload, True)
+    for g, bt, reload, st in itertools.product((16, 32), (16, 32), (False, True), (1, 2))]
+
+
+def compiled_kernels() -> dict:
+    """{cache key: (registers a thread, spilled registers, shared memory bytes)} of every compiled
+    `_absorbed_kernel` variant (Triton's per-device cache; {} where its layout differs)."""
+    from cuda_ops.cross_absorbed import _absorbed_kernel
+
+    out = {}
+    try:
+        for caches in _absorbed_kernel.device_caches.values():
+            for key, k in caches[0].items():
+                out[key] = (getattr(k, "n_regs", None), getattr(k, "n_spills", None), getattr(k.metadata, "shared", None))
+    except (AttributeError, TypeError, IndexError):
+        pass
+    return out
 
 
 def timer(dev: torch.device, calls: int):
@@ -91,18 +107,21 @@ def main() -> None:
         def absorbed(launch):
             return lambda: absorbed_output(absorbed_attention(absorb_query(q, w_k), x, launch=launch), w_v, b_v)
 
-        best = AbsorbedLaunch()
+        best = DEFAULT_LAUNCH
         if args.sweep and dev.type == "cuda":
             timed = []
             for launch in LAUNCHES:
+                seen = compiled_kernels()
                 try:
                     t = ms(lambda: absorbed_attention(qa, x, launch=launch))
                 except Exception as e:  # noqa: BLE001 - a launch that does not compile (registers, shared memory)
                     sweep_out.append({"rows": B, **launch._asdict(), "error": type(e).__name__})
                     continue
                 timed.append((t, launch))
-                sweep_out.append({"rows": B, **launch._asdict(), "kernel_ms": round(t, 4)})
-                print(f"sweep rows {B} {'/'.join(map(str, launch))}: {t:.4f} ms", flush=True)
+                new = [v for k, v in compiled_kernels().items() if k not in seen]  # compiled by this launch
+                regs = dict(zip(("regs", "spills", "shared"), new[0])) if new else {}
+                sweep_out.append({"rows": B, **launch._asdict(), "kernel_ms": round(t, 4), **regs})
+                print(f"sweep rows {B} {'/'.join(map(str, launch))}: {t:.4f} ms {regs}", flush=True)
             best = min(timed)[1]
         diff = (absorbed(best)().float() - ref).abs().max().item()
         kv_bytes = 2 * B * T * D * 2

@@ -49,14 +49,18 @@ class AbsorbedLaunch(NamedTuple):
     reload_q: bool = False
     """Load the group's queries from global memory (L1) at every block instead of holding them in
     registers beside the [HG, D] accumulator (at HG 32 and 8 warps the two need ~240 registers a thread)."""
+    prefetch: bool = False
+    """Issue the loads of the next block of X before the products of this one, in registers (X feeds two
+    products, one transposed: if Triton's pipeliner does not stage such a load through shared memory,
+    every block waits a full memory latency; at ~1.6 TB/s that is what session 22 saw)."""
 
 
 def parse_launch(text: str) -> AbsorbedLaunch:
-    """"group/block_t/splits/num_warps/num_stages[/transposed[/reload_q]]" (as the probe prints it;
+    """"group/block_t/splits/num_warps/num_stages[/transposed[/reload_q[/prefetch]]]" (as the probe prints it;
     booleans as 0/1 or False/True) -> AbsorbedLaunch."""
     parts = text.split("/")
-    if not 5 <= len(parts) <= 7:
-        raise ValueError(f"an absorbed launch is g/bt/splits/warps/stages[/transposed[/reload_q]], got {text!r}")
+    if not 5 <= len(parts) <= 8:
+        raise ValueError(f"an absorbed launch is g/bt/splits/warps/stages[/transposed[/reload_q[/prefetch]]], got {text!r}")
     ints = [int(p) for p in parts[:5]]
     flags = [p in ("1", "True") for p in parts[5:]]
     return AbsorbedLaunch(*ints, *flags)
@@ -131,8 +135,8 @@ def absorbed_attention_triton(qa: Tensor, x: Tensor, windows: Tensor | None = No
         raise ValueError(f"{B} rows over {W} windows need a windows index")
     if windows is not None and (windows.shape != (B,) or windows.dtype != torch.int32):
         raise ValueError(f"windows must be int32 [{B}], got {windows.dtype} {tuple(windows.shape)}")
-    if launch.transposed and launch.reload_q:
-        raise ValueError("reload_q is for the untransposed launch")
+    if launch.transposed and (launch.reload_q or launch.prefetch):
+        raise ValueError("reload_q and prefetch are for the untransposed launch")
     da, db = width_parts(D)
     hg, bt = launch.group, launch.block_t
     groups = -(-Hq // hg)
@@ -156,6 +160,7 @@ def absorbed_attention_triton(qa: Tensor, x: Tensor, windows: Tensor | None = No
         out.stride(0), out.stride(1), out.stride(2), Hq * splits if not one else 0,
         HQ=Hq, GROUPS=groups, HG=hg, BT=bt, DA=da, DB=db,
         HAS_WINDOWS=windows is not None, NORMALIZE=one, TRANS=launch.transposed, RELOAD=launch.reload_q,
+        PREFETCH=launch.prefetch,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     if one:
@@ -168,15 +173,22 @@ def absorbed_attention_triton(qa: Tensor, x: Tensor, windows: Tensor | None = No
 
 
 @jit
-def _scores(q_a, q_b, x_row, offs_t, tmask, da, db, s_xt, DB: tl.constexpr):
-    """[HG, BT] qa . x over the block's positions, and the block's two parts of X."""
+def _load_x(x_row, offs_t, tmask, da, db, s_xt, DB: tl.constexpr):
+    """The block's two parts of X, [BT, DA] and [BT, DB] (xa twice when DB is 0)."""
     xa = tl.load(x_row + offs_t[:, None] * s_xt + da[None, :], mask=tmask[:, None], other=0.0)
-    s = tl.dot(q_a, tl.trans(xa))
     xb = xa
     if DB > 0:
         xb = tl.load(x_row + offs_t[:, None] * s_xt + db[None, :], mask=tmask[:, None], other=0.0)
+    return xa, xb
+
+
+@jit
+def _scores(q_a, q_b, xa, xb, DB: tl.constexpr):
+    """[HG, BT] qa . x over the block's positions."""
+    s = tl.dot(q_a, tl.trans(xa))
+    if DB > 0:
         s += tl.dot(q_b, tl.trans(xb))
-    return s, xa, xb
+    return s
 
 
 @jit
@@ -185,6 +197,7 @@ def _absorbed_kernel(
     s_qb, s_qh, s_xw, s_xt, s_ob, s_os, s_oh, s_mb,
     HQ: tl.constexpr, GROUPS: tl.constexpr, HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
     HAS_WINDOWS: tl.constexpr, NORMALIZE: tl.constexpr, TRANS: tl.constexpr, RELOAD: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)  # row * GROUPS + group: a row's groups run side by side and share X in L2
     split = tl.program_id(1)
@@ -213,7 +226,8 @@ def _absorbed_kernel(
     if TRANS:
         acc_a, acc_b, m_i, l_i = _span_t(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB)
     else:
-        acc_a, acc_b, m_i, l_i = _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB, RELOAD)
+        acc_a, acc_b, m_i, l_i = _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB, RELOAD,
+                                         PREFETCH)
     o_row = o_ptr + b.to(tl.int64) * s_ob + split * s_os + heads[:, None] * s_oh
     if NORMALIZE:
         inv = 1.0 / l_i
@@ -231,22 +245,33 @@ def _absorbed_kernel(
 
 @jit
 def _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
-          HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, RELOAD: tl.constexpr):
+          HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, RELOAD: tl.constexpr,
+          PREFETCH: tl.constexpr):
     """Online softmax over positions [t_lo, t_hi), query rows as M: (acc_a, acc_b [HG, DA/DB], m, l).
-    RELOAD: q_a is the queries' row pointer [HG, 1] and q_b their mask [HG], loaded at every block."""
+    RELOAD: q_a is the queries' row pointer [HG, 1] and q_b their mask [HG], loaded at every block.
+    PREFETCH: the next block's X is loaded before this block's products."""
     acc_a = tl.zeros([HG, DA], tl.float32)
     acc_b = tl.zeros([HG, DB if DB > 0 else 16], tl.float32)
+    if PREFETCH:
+        first = t_lo + tl.arange(0, BT)
+        xa_next, xb_next = _load_x(x_row, first, first < t_hi, da, db, s_xt, DB)
     for t0 in range(t_lo, t_hi, BT):
         offs_t = t0 + tl.arange(0, BT)
         tmask = offs_t < t_hi
+        if PREFETCH:
+            xa, xb = xa_next, xb_next
+            ahead = offs_t + BT
+            xa_next, xb_next = _load_x(x_row, ahead, ahead < t_hi, da, db, s_xt, DB)
+        else:
+            xa, xb = _load_x(x_row, offs_t, tmask, da, db, s_xt, DB)
         if RELOAD:
             qa_blk = tl.load(q_a + da[None, :], mask=q_b[:, None], other=0.0)
             qb_blk = qa_blk
             if DB > 0:
                 qb_blk = tl.load(q_a + db[None, :], mask=q_b[:, None], other=0.0)
-            s, xa, xb = _scores(qa_blk, qb_blk, x_row, offs_t, tmask, da, db, s_xt, DB)
+            s = _scores(qa_blk, qb_blk, xa, xb, DB)
         else:
-            s, xa, xb = _scores(q_a, q_b, x_row, offs_t, tmask, da, db, s_xt, DB)
+            s = _scores(q_a, q_b, xa, xb, DB)
         s = tl.where(tmask[None, :], s * 1.4426950408889634, float("-inf"))  # log2 units for exp2
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)

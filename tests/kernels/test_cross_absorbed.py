@@ -25,11 +25,13 @@ if CUDA:
     SHAPES = [(1, 6, 1, 384, False), (3, 6, 33, 384, True), (5, 8, 1500, 512, False), (2, 12, 300, 768, True),
               (7, 16, 1500, 1024, False), (4, 20, 1500, 1280, True), (33, 20, 1500, 1280, False)]
     LAUNCHES = [AbsorbedLaunch(), AbsorbedLaunch(32, 32, 1, 8, 2), AbsorbedLaunch(16, 16, 0, 4, 2, True),
-                AbsorbedLaunch(32, 32, 0, 16, 2, False, True), AbsorbedLaunch(16, 16, 1, 8, 3, False, True)]
+                AbsorbedLaunch(32, 32, 0, 16, 2, False, True), AbsorbedLaunch(16, 16, 1, 8, 3, False, True),
+                AbsorbedLaunch(16, 32, 1, 8, 1, False, True, True), AbsorbedLaunch(16, 16, 0, 8, 1, False, False, True)]
 else:
     SHAPES = [(1, 6, 1, 384, False), (2, 6, 33, 384, True), (1, 20, 70, 1280, True), (2, 3, 300, 768, False)]
     LAUNCHES = [AbsorbedLaunch(16, 32, 0, 4, 1), AbsorbedLaunch(16, 16, 1, 4, 1, True),
-                AbsorbedLaunch(16, 16, 0, 4, 1, False, True)]
+                AbsorbedLaunch(16, 16, 0, 4, 1, False, True), AbsorbedLaunch(16, 16, 0, 4, 1, False, True, True),
+                AbsorbedLaunch(16, 32, 1, 4, 1, False, False, True)]
 
 
 def make_case(B, H, T, D, windows, seed=0):
@@ -82,6 +84,7 @@ def test_parse_launch():
     from cuda_ops.cross_absorbed import parse_launch
 
     assert parse_launch("32/32/1/8/2/False/True") == AbsorbedLaunch(32, 32, 1, 8, 2, False, True)
+    assert parse_launch("16/16/1/8/1/0/1/1") == AbsorbedLaunch(16, 16, 1, 8, 1, False, True, True)
     assert parse_launch("16/64/0/4/2") == AbsorbedLaunch(16, 64, 0, 4, 2)
     with pytest.raises(ValueError, match="g/bt/splits"):
         parse_launch("16/64")

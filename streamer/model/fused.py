@@ -188,9 +188,10 @@ class FusedDecoderBlock(nn.Module):
         w, bias = self.cross_kv.weight, self.cross_kv.bias
         keys = None
         if T <= Dh:
-            rows = q.transpose(1, 2).reshape(B * T, H, Dh)
-            windows = None if T == 1 else torch.arange(B, dtype=torch.int32, device=q.device).repeat_interleave(T)
-            z = absorbed_attention(absorb_query(rows, w[:D]), x, windows)
+            # A row's T tokens x H heads are one row's T*H queries over its window: one read of X per
+            # group of queries (not per token), and groups filled across tokens (20 heads pad to 32 alone).
+            qa = absorb_query(q.transpose(1, 2).reshape(B * T, H, Dh), w[:D])
+            z = absorbed_attention(qa.reshape(B, T * H, D), x).view(B * T, H, D)
             a = absorbed_output(z, w[D:], None if bias is None else bias[D:]).view(B, T, H, Dh).transpose(1, 2)
         else:
             keys, values = project_cross_kv(self, x)

@@ -183,6 +183,16 @@ def _load_x(x_row, offs_t, tmask, da, db, s_xt, DB: tl.constexpr):
 
 
 @jit
+def _load_q(q_row, hmask, da, db, DB: tl.constexpr):
+    """The group's queries, [HG, DA] and [HG, DB] (q_a twice when DB is 0)."""
+    q_a = tl.load(q_row + da[None, :], mask=hmask[:, None], other=0.0)
+    q_b = q_a
+    if DB > 0:
+        q_b = tl.load(q_row + db[None, :], mask=hmask[:, None], other=0.0)
+    return q_a, q_b
+
+
+@jit
 def _scores(q_a, q_b, xa, xb, DB: tl.constexpr):
     """[HG, BT] qa . x over the block's positions."""
     s = tl.dot(q_a, tl.trans(xa))
@@ -211,23 +221,16 @@ def _absorbed_kernel(
     da = tl.arange(0, DA)
     db = DA + tl.arange(0, DB if DB > 0 else 16)
     q_row = qa_ptr + b.to(tl.int64) * s_qb + heads[:, None] * s_qh
-    q_a = tl.load(q_row + da[None, :], mask=hmask[:, None], other=0.0)
-    q_b = q_a
-    if DB > 0:
-        q_b = tl.load(q_row + db[None, :], mask=hmask[:, None], other=0.0)
-    if RELOAD:  # _span loads them per block
-        q_a = q_row
-        q_b = hmask
     x_row = x_ptr + w.to(tl.int64) * s_xw
     t_lo = split * span
     t_hi = tl.minimum(T, t_lo + span)
     m_i = tl.full([HG], float("-inf"), tl.float32)
     l_i = tl.zeros([HG], tl.float32)
     if TRANS:
-        acc_a, acc_b, m_i, l_i = _span_t(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB)
+        acc_a, acc_b, m_i, l_i = _span_t(q_row, hmask, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB)
     else:
-        acc_a, acc_b, m_i, l_i = _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB, RELOAD,
-                                         PREFETCH)
+        acc_a, acc_b, m_i, l_i = _span(q_row, hmask, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i, HG, BT, DA, DB,
+                                         RELOAD, PREFETCH)
     o_row = o_ptr + b.to(tl.int64) * s_ob + split * s_os + heads[:, None] * s_oh
     if NORMALIZE:
         inv = 1.0 / l_i
@@ -244,12 +247,14 @@ def _absorbed_kernel(
 
 
 @jit
-def _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
+def _span(q_row, hmask, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
           HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, RELOAD: tl.constexpr,
           PREFETCH: tl.constexpr):
     """Online softmax over positions [t_lo, t_hi), query rows as M: (acc_a, acc_b [HG, DA/DB], m, l).
-    RELOAD: q_a is the queries' row pointer [HG, 1] and q_b their mask [HG], loaded at every block.
-    PREFETCH: the next block's X is loaded before this block's products."""
+    RELOAD: the queries are loaded at every block, not held. PREFETCH: the next block's X is loaded
+    before this block's products."""
+    if not RELOAD:
+        q_a, q_b = _load_q(q_row, hmask, da, db, DB)
     acc_a = tl.zeros([HG, DA], tl.float32)
     acc_b = tl.zeros([HG, DB if DB > 0 else 16], tl.float32)
     if PREFETCH:
@@ -265,13 +270,8 @@ def _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
         else:
             xa, xb = _load_x(x_row, offs_t, tmask, da, db, s_xt, DB)
         if RELOAD:
-            qa_blk = tl.load(q_a + da[None, :], mask=q_b[:, None], other=0.0)
-            qb_blk = qa_blk
-            if DB > 0:
-                qb_blk = tl.load(q_a + db[None, :], mask=q_b[:, None], other=0.0)
-            s = _scores(qa_blk, qb_blk, xa, xb, DB)
-        else:
-            s = _scores(q_a, q_b, xa, xb, DB)
+            q_a, q_b = _load_q(q_row, hmask, da, db, DB)
+        s = _scores(q_a, q_b, xa, xb, DB)
         s = tl.where(tmask[None, :], s * 1.4426950408889634, float("-inf"))  # log2 units for exp2
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -286,9 +286,10 @@ def _span(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
 
 
 @jit
-def _span_t(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
+def _span_t(q_row, hmask, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
             HG: tl.constexpr, BT: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
     """`_span` with positions and the width as M (scores^T [BT, HG], z^T [DA, HG]); returns z untransposed."""
+    q_a, q_b = _load_q(q_row, hmask, da, db, DB)
     q_at = tl.trans(q_a)
     q_bt = tl.trans(q_b)
     acc_a = tl.zeros([DA, HG], tl.float32)
@@ -296,11 +297,9 @@ def _span_t(q_a, q_b, x_row, t_lo, t_hi, da, db, s_xt, m_i, l_i,
     for t0 in range(t_lo, t_hi, BT):
         offs_t = t0 + tl.arange(0, BT)
         tmask = offs_t < t_hi
-        xa = tl.load(x_row + offs_t[:, None] * s_xt + da[None, :], mask=tmask[:, None], other=0.0)
+        xa, xb = _load_x(x_row, offs_t, tmask, da, db, s_xt, DB)
         s = tl.dot(xa, q_at)
-        xb = xa
         if DB > 0:
-            xb = tl.load(x_row + offs_t[:, None] * s_xt + db[None, :], mask=tmask[:, None], other=0.0)
             s += tl.dot(xb, q_bt)
         s = tl.where(tmask[:, None], s * 1.4426950408889634, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))

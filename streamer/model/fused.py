@@ -196,15 +196,14 @@ class FusedDecoderBlock(nn.Module):
         else:
             keys, values = project_cross_kv(self, x)
             a = F.scaled_dot_product_attention(q, keys, values)
-        qk = None
-        if cross_qk_heads is not None:  # word alignment: the keys of those heads alone
-            if keys is None:
-                rows_k = w[:D].view(H, Dh, -1)[cross_qk_heads].reshape(len(cross_qk_heads) * Dh, -1)
-                keys = _split_heads(F.linear(x, rows_k), len(cross_qk_heads))
-                qk = cross_qk(q[:, cross_qk_heads], keys, list(range(len(cross_qk_heads))))
-            else:
-                qk = cross_qk(q, keys, cross_qk_heads)
-        return a, qk
+        if cross_qk_heads is None:
+            return a, None
+        if keys is not None:
+            return a, cross_qk(q, keys, cross_qk_heads)
+        # word alignment without projected keys: those heads' keys alone
+        n = len(cross_qk_heads)
+        keys = _split_heads(F.linear(x, w[:D].view(H, Dh, -1)[cross_qk_heads].reshape(n * Dh, -1)), n)
+        return a, cross_qk(q[:, cross_qk_heads], keys, list(range(n)))
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`: quantised in

@@ -264,16 +264,12 @@ class KVCache(nn.Module):
         """Copy slots `src` into slots `dst` (compaction when sequences leave; the two disjoint): the
         cross K/V and scales whole, the self-attention K/V positions [0, upto) only (the rest is
         unwritten: 448 positions of a large-v3 slot are 73 MB, ~100 used are 17)."""
-        if self.cross_x is not None:
-            w = _as_words(self.cross_x)
-            w[dst] = w[src]
-        for layer in self.layers:
-            for name, b in layer.named_buffers():
-                w = _as_words(b)
-                if name.startswith("self_"):
-                    w[dst, :, :upto] = w[src, :, :upto]
-                else:
-                    w[dst] = w[src]
+        for name, b in self.named_buffers():  # every layer's, and an absorbed cache's X
+            w = _as_words(b)
+            if name.split(".")[-1].startswith("self_"):
+                w[dst, :, :upto] = w[src, :, :upto]
+            else:
+                w[dst] = w[src]
 
     def copy_slots(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
         """Self-attention K/V of slots `src` into slots `dst` (beam search reordering), positions
@@ -291,10 +287,10 @@ class KVCache(nn.Module):
         layer = LayerKV(dims, 1, "meta", {2: torch.float16, 4: torch.float32}[itemsize], cross_format)
         cross = sum(b.numel() * b.element_size() for name, b in layer.named_buffers() if name.startswith("cross"))
         x = dims.n_audio_ctx * dims.n_audio_state * itemsize if cross_format == "absorbed" else 0
-        reads = self_len is not None
+        x_copies = 1 if self_len is None else dims.n_text_layer  # held once; read by every layer
         self_len = dims.n_text_ctx if self_len is None else self_len
-        per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross + (x if reads else 0)
-        return int(per_layer * dims.n_text_layer + (0 if reads else x))
+        per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross
+        return int(per_layer * dims.n_text_layer + x * x_copies)
 
 
 class PassCache:

@@ -5,6 +5,9 @@ over the window's K and V cache, [B, H, 1500, Dh] each) against the absorbed for
 
     python benchmarks/probe_absorbed.py [--width 1280] [--rows 32,128,256] [--device cuda] [--sweep]
 
+Where the tensor-core kernel applies (cross_absorbed_mma.py) its columns (mma_*) follow, with its time
+at 1, 2, 4 and 8 spans a row in the sweep list.
+
 Prints per row count: ms of cuDNN (and flash) over K/V, of the absorbed kernel alone and of the whole
 absorbed path (absorb_query + kernel + absorbed_output), the bytes each reads as GB/s, and the
 largest difference of the absorbed path's output from the K/V path's. `--sweep` times every launch in
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import environment, table, write_json
+from cuda_ops import cross_absorbed_mma
 from cuda_ops.cross_absorbed import (DEFAULT_LAUNCH, AbsorbedLaunch, absorb_query, absorbed_attention, absorbed_flops, absorbed_output,
                                      choose_splits)
 
@@ -145,6 +149,17 @@ def main() -> None:
         row["kernel_TFLOPs"] = round(absorbed_flops(B, H, T, D) / row["kernel_ms"] / 1e9, 1)
         row["speedup"] = round(row["cudnn_ms"] / row["absorbed_ms"], 3)
         row["max_diff"] = float(f"{diff:.3g}")
+        if cross_absorbed_mma.usable(qa, x):  # the tensor-core kernel (launch None), and its spans per row
+            row["mma_ms"] = round(ms(lambda: absorbed_attention(qa, x)), 4)
+            row["mma_GBps"] = round(x_bytes / row["mma_ms"] / 1e6)
+            row["mma_TFLOPs"] = round(absorbed_flops(B, H, T, D) / row["mma_ms"] / 1e9, 1)
+            row["mma_absorbed_ms"] = round(ms(absorbed(None)), 4)
+            row["mma_speedup"] = round(row["cudnn_ms"] / row["mma_absorbed_ms"], 3)
+            row["mma_max_diff"] = float(f"{(absorbed(None)().float() - ref).abs().max().item():.3g}")
+            for splits in (1, 2, 4, 8):
+                t = ms(lambda: cross_absorbed_mma.absorbed_attention_mma(qa, x, splits=splits))
+                sweep_out.append({"rows": B, "kernel": "mma", "splits": splits, "kernel_ms": round(t, 4)})
+                print(f"mma rows {B} splits {splits}: {t:.4f} ms", flush=True)
         rows_out.append(row)
         print(table([row], list(row)), flush=True)
     print(table(rows_out, list(rows_out[0])))

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from cuda_ops import cross_absorbed_mma
 from cuda_ops._triton import jit, num_sms, tl, triton_usable
 
 LOG2E = 1.4426950408889634
@@ -114,13 +115,16 @@ def choose_splits(rows: int, groups: int, T: int, sms: int, block_t: int) -> int
 
 
 def absorbed_attention(qa: Tensor, x: Tensor, windows: Tensor | None = None,
-                       launch: AbsorbedLaunch = DEFAULT_LAUNCH, out_dtype: torch.dtype | None = None) -> Tensor:
-    """`absorbed_attention_reference` through the kernel where Triton can run, in `out_dtype` (default
-    qa's dtype); the reference (cast) elsewhere."""
+                       launch: AbsorbedLaunch | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """`absorbed_attention_reference` in `out_dtype` (default qa's dtype) through the tensor-core kernel
+    (cross_absorbed_mma.py) where it applies and no Triton `launch` is asked for, else through the
+    Triton kernel where Triton can run (`launch`, default DEFAULT_LAUNCH), else the reference (cast)."""
     out_dtype = out_dtype or qa.dtype
+    if launch is None and cross_absorbed_mma.usable(qa, x):
+        return cross_absorbed_mma.absorbed_attention_mma(qa, x, windows, out_dtype=out_dtype)
     if not triton_usable(qa.device):
         return absorbed_attention_reference(qa, x, windows).to(out_dtype)
-    return absorbed_attention_triton(qa, x, windows, launch, out_dtype)
+    return absorbed_attention_triton(qa, x, windows, launch or DEFAULT_LAUNCH, out_dtype)
 
 
 def absorbed_attention_triton(qa: Tensor, x: Tensor, windows: Tensor | None = None,

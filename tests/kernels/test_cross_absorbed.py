@@ -109,3 +109,44 @@ def test_bad_inputs_are_refused():
         absorbed_attention_triton(qa, x, torch.zeros(3, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="disagree"):
         absorbed_attention_triton(qa[..., :128], x)
+
+
+# The tensor-core kernel (cross_absorbed_mma.py, CUDA C++ through NVRTC): (B, Hq, T, D, windows?, splits),
+# query rows in one block of 8 (6), 16 and 24 (20) and in several groups (40, 100: a prompt's tokens x heads),
+# every Whisper width, partial last tiles, one span and several.
+MMA_SHAPES = [(1, 6, 1, 384, False, 0), (3, 6, 33, 384, True, 0), (5, 16, 1500, 512, False, 1),
+              (2, 12, 300, 768, True, 3), (7, 16, 1500, 1024, False, 0), (4, 20, 1500, 1280, True, 1),
+              (33, 20, 1500, 1280, False, 0), (2, 40, 1500, 1280, False, 2), (3, 100, 77, 1280, True, 0),
+              (130, 20, 1500, 1280, False, 1)]
+
+
+@pytest.mark.skipif(not CUDA, reason="the tensor-core kernel runs on CUDA only")
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=str)
+def test_mma_kernel_matches_reference(shape):
+    from cuda_ops import cross_absorbed_mma
+
+    *case, splits = shape
+    qa, x, win = make_case(*case)
+    assert cross_absorbed_mma.usable(qa, x)
+    ref = absorbed_attention_reference(qa, x, win)
+    xs = x if win is None else x[win.long()]
+    torch_fp16 = ((qa @ xs.transpose(1, 2)).float().softmax(-1).half() @ xs).float()
+    bound = 2 * (torch_fp16 - ref).abs().max().item() + 1e-3  # + one fp16 rounding of the output
+    got = cross_absorbed_mma.absorbed_attention_mma(qa, x, win, splits=splits, out_dtype=torch.float32)
+    assert got.shape == ref.shape and torch.isfinite(got).all()
+    err = (got - ref).abs().max().item()
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.skipif(not CUDA, reason="the tensor-core kernel runs on CUDA only")
+def test_mma_kernel_is_what_absorbed_attention_runs_and_refuses_bad_inputs():
+    from cuda_ops import cross_absorbed_mma
+    from cuda_ops.cross_absorbed import absorbed_attention
+
+    qa, x, _ = make_case(3, 20, 1500, 1280, False)
+    torch.testing.assert_close(absorbed_attention(qa, x), cross_absorbed_mma.absorbed_attention_mma(qa, x), rtol=0, atol=0)
+    assert not cross_absorbed_mma.usable(qa.float(), x.float())  # fp32: the Triton kernel's
+    with pytest.raises(ValueError, match="windows index"):
+        cross_absorbed_mma.absorbed_attention_mma(qa, x[:2])
+    with pytest.raises(ValueError, match="int32"):
+        cross_absorbed_mma.absorbed_attention_mma(qa, x, torch.zeros(3, dtype=torch.int64, device=DEVICE))

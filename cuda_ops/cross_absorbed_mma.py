@@ -1,0 +1,140 @@
+"""The absorbed cross-attention z = softmax(qa X^T) X on tensor cores: the CUDA C++ kernel in
+csrc/cross_absorbed_mma.cu, compiled at first use with NVRTC (which PyTorch's CUDA wheels carry; no
+build step, no nvcc) and launched on the current stream, so CUDA graphs capture it.
+
+Why a hand-written kernel: the Triton kernel (cross_absorbed.py) made the query rows the products' M
+(16 or 32) and held a [rows, D] accumulator beside a [positions, D] block of X in registers; at D =
+1280 it reached ~1.6 TB/s and ~64 TFLOP/s on an H100 (session 22), below cuDNN over twice the bytes.
+This one makes positions and the width the M of mma.sync (the queries N, padded to 8), stages each
+32 x D tile of X in shared memory one tile ahead (cp.async) and feeds both products from there, so X
+is read from memory once and the tensor cores wait on nothing else (the design: the .cu file's header).
+
+Where it does not apply (not CUDA, not fp16, widths that are not a multiple of 128 up to 1280, more
+shared memory than the device gives a block, NVRTC missing) `usable` is False and cross_absorbed.py
+runs the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).parent / "csrc" / "cross_absorbed_mma.cu"
+BT, WARPS, NMAX, PSTRIDE, RSTRIDE = 32, 8, 24, 40, 26  # as the .cu file defines them
+ENABLED = os.environ.get("STREAMER_ABSORBED_KERNEL", "mma") == "mma"
+"""STREAMER_ABSORBED_KERNEL=triton runs the Triton kernel instead (A/B runs)."""
+
+
+def shared_bytes(d: int, stages: int) -> int:
+    """Dynamic shared memory of a block: the X stages, the partial scores, P, alpha and l."""
+    return stages * BT * d * 2 + WARPS * BT * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
+
+
+@functools.cache
+def _device_facts(index: int) -> tuple[int, int, tuple[int, int]]:
+    """(shared memory a block may opt into, multiprocessors, compute capability) of CUDA device `index`."""
+    props = torch.cuda.get_device_properties(index)
+    return getattr(props, "shared_memory_per_block_optin", 48 * 1024), props.multi_processor_count, (props.major, props.minor)
+
+
+def choose_stages(d: int, limit: int) -> int:
+    """Three tiles in flight where they fit the block's shared memory, else two (0: not even two)."""
+    for stages in (3, 2):
+        if shared_bytes(d, stages) <= limit:
+            return stages
+    return 0
+
+
+def usable(qa: Tensor, x: Tensor) -> bool:
+    """Whether this kernel takes these inputs on their device."""
+    if not (ENABLED and qa.is_cuda and qa.dtype == torch.float16 and x.dtype == torch.float16):
+        return False
+    d = qa.shape[-1]
+    index = qa.device.index if qa.device.index is not None else torch.cuda.current_device()
+    limit, _, capability = _device_facts(index)
+    if d % 128 or d > 1280 or capability < (8, 0) or not choose_stages(d, limit):
+        return False
+    return _kernel(index, d, 3, choose_stages(d, limit)) is not None
+
+
+@functools.cache
+def _kernel(index: int, d: int, nt: int, stages: int):
+    """The instance <d, nt, stages> compiled and loaded on CUDA device `index` (a module per device),
+    its shared memory limit raised; None (once, with a warning) where NVRTC or PyTorch's loader is missing.
+    Compiled at first use: the engine's warm-up calls reach it before any graph capture."""
+    try:
+        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
+
+        name = f"absorbed_mma<{d}, {nt}, {stages}>"
+        with torch.cuda.device(index):
+            cubin, mangled = _nvrtc_compile(SOURCE.read_text(), name, nvcc_options=["-std=c++17"])
+            kernel = _cuda_load_module(cubin, [mangled])[mangled]
+            kernel.set_shared_memory_config(shared_bytes(d, stages))
+        return kernel
+    except Exception as e:  # noqa: BLE001 - any failure to build means the Triton kernel runs instead
+        import warnings
+
+        warnings.warn(f"absorbed mma kernel unavailable ({type(e).__name__}: {e}); using the Triton kernel", stacklevel=2)
+        return None
+
+
+def choose_splits(rows: int, groups: int, T: int, sms: int) -> int:
+    """Spans of positions per row so that rows x groups x spans fills one wave of `sms` (a block an
+    SM), each span at least 4 tiles long."""
+    return max(1, min(sms // max(1, rows * groups), T // (4 * BT)))
+
+
+def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None, splits: int = 0,
+                           out_dtype: torch.dtype | None = None) -> Tensor:
+    """z [B, Hq, D] = softmax(qa X_w^T) X_w for fp16 queries qa [B, Hq, D] and encoder states
+    x [W, T, D] on CUDA (`usable`); row b reads window windows[b] (int32 [B]; None: window b).
+    splits: spans of positions per row (0: as many as fill the GPU)."""
+    B, Hq, D = qa.shape
+    W, T, Dx = x.shape
+    if Dx != D:
+        raise ValueError(f"qa [B, Hq, D] and x [W, T, D] disagree: {tuple(qa.shape)}, {tuple(x.shape)}")
+    if windows is None and W < B:
+        raise ValueError(f"{B} rows over {W} windows need a windows index")
+    if windows is not None and (windows.shape != (B,) or windows.dtype != torch.int32):
+        raise ValueError(f"windows must be int32 [{B}], got {windows.dtype} {tuple(windows.shape)}")
+    # 32-bit query loads and 16-byte copies of X: rows aligned so
+    if qa.stride(2) != 1 or qa.stride(0) % 2 or qa.stride(1) % 2 or qa.data_ptr() % 4:
+        qa = qa.contiguous()
+    if x.stride(2) != 1 or x.stride(0) % 8 or x.stride(1) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()
+    groups = -(-Hq // NMAX)
+    hg = -(-Hq // groups)  # query rows a block, spread evenly over the groups
+    nt = -(-hg // 8)
+    index = qa.device.index if qa.device.index is not None else torch.cuda.current_device()
+    limit, sms, _ = _device_facts(index)
+    stages = choose_stages(D, limit)
+    kernel = _kernel(index, D, nt, stages)
+    splits = splits or choose_splits(B, groups, T, sms)
+    span = -(-T // splits)
+    span = -(-span // BT) * BT
+    splits = -(-T // span)
+    out_dtype = out_dtype or qa.dtype
+    one = splits == 1
+    if one:
+        out = torch.empty(B, Hq, D, device=qa.device, dtype=torch.float16)
+        m = l = torch.empty(1, device=qa.device, dtype=torch.float32)  # unused
+        s_ob, s_os, s_oh = out.stride(0), 0, out.stride(1)
+    else:
+        out = torch.empty(B, splits, Hq, D, device=qa.device, dtype=torch.float32)
+        m = torch.empty(B, splits, Hq, device=qa.device, dtype=torch.float32)
+        l = torch.empty_like(m)
+        s_ob, s_os, s_oh = out.stride(0), out.stride(1), out.stride(2)
+    win = windows if windows is not None else m  # any pointer: unread without windows
+    kernel(grid=(B * groups, splits, 1), block=(WARPS * 32, 1, 1), shared_mem=shared_bytes(D, stages),
+           args=[qa, x, win, out, m, l, T, span, Hq, hg, groups, qa.stride(0), qa.stride(1), x.stride(0), x.stride(1),
+                 s_ob, s_os, s_oh, splits * Hq, int(windows is not None), int(one)])
+    if one:
+        return out if out_dtype == torch.float16 else out.to(out_dtype)
+    top = m.amax(1, keepdim=True)  # the spans' sums rescaled to their common maximum
+    w = torch.exp(m - top)
+    z = (out * w[..., None]).sum(1) / (l * w).sum(1)[..., None]
+    return z.to(out_dtype)

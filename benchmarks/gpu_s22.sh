@@ -35,7 +35,7 @@ if [ "${PART:-1}" = 2 ]; then
   (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(( $(left) - 15 )) python3 bench_engine.py \
     --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" \
     --shapes "${SHAPES:-large-v3,large-v3-turbo}" --batches "${BATCHES:-1,32,128,256}" --hf-batches "${HF_BATCHES:-1,32,128}" \
-    --precisions "${PRECISIONS:-full_fp16,full_fp16:cross_kv_cache=absorbed}" $baselines --out bench_engine_s22_h200.json) \
+    --precisions "${PRECISIONS:-full_fp16,full_fp16:cross_kv_cache=absorbed}" $baselines --out "${ENGINE_OUT:-bench_engine_s22_h200.json}") \
     2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine.log"
   echo "engine rc=${PIPESTATUS[0]} (3: rows > 10 % slower than the baseline) $((SECONDS - START)) s"
   tail -60 "$OUT/bench_engine.log"

@@ -19,15 +19,16 @@ source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]00' | tr 'H' 'h')
 if [ "${PART:-1}" = 2 ]; then
-  exec bash benchmarks/gpu_s22.sh
+  ENGINE_OUT=bench_engine_s23_${card:-gpu}.json exec bash benchmarks/gpu_s22.sh
 fi
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) windows=${WINDOWS:-256} ;; *) windows=${WINDOWS:-128} ;; esac
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS
   timeout $(cap 150 400) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \
-    -k mma 2>&1 | tail -15 | tee "$OUT/cuda_tests_absorbed.log"
+    -k "mma or gemm" 2>&1 | tail -15 | tee "$OUT/cuda_tests_absorbed.log"
   echo "tests $((SECONDS - t)) s"
 fi
 t=$SECONDS

@@ -8,9 +8,11 @@ over the window's K and V cache, [B, H, 1500, Dh] each) against the absorbed for
 Where the tensor-core kernel applies (cross_absorbed_mma.py) its columns (mma_*) follow, with its time
 at 1, 2, 4 and 8 spans a row in the sweep list.
 
+Times are of CUDA-graph replays (as the engine's captured step; `--eager`: launches from Python).
 Prints per row count: ms of cuDNN (and flash) over K/V, of the absorbed kernel alone and of the whole
 absorbed path (absorb_query + kernel + absorbed_output), the bytes each reads as GB/s, and the
-largest difference of the absorbed path's output from the K/V path's. `--sweep` times every launch in
+largest difference of the absorbed path's output from the K/V path's; then, per row count, a prompt's
+prefill (`--prefill-tokens` tokens a row): cuDNN over K/V, the two GEMMs and the mma kernel. `--sweep` times every launch in
 LAUNCHES and reports the best per row count. Writes benchmarks/results/probe_absorbed.json.
 """
 
@@ -26,8 +28,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import environment, table, write_json
 from cuda_ops import cross_absorbed_mma
-from cuda_ops.cross_absorbed import (DEFAULT_LAUNCH, AbsorbedLaunch, absorb_query, absorbed_attention, absorbed_flops, absorbed_output,
-                                     choose_splits)
+from cuda_ops.cross_absorbed import (DEFAULT_LAUNCH, GEMM_ROWS, AbsorbedLaunch, absorb_query, absorbed_attention,
+                                     absorbed_attention_gemm, absorbed_flops, absorbed_output, choose_splits)
 
 # Session 22's sweeps (H100, results/s22_h100/probe_absorbed_sweep{1,2}.json): the best were 16/64/1/8/2
 # (0.60 ms at 256 rows: 1.6 TB/s over X, 0.96x cuDNN over K/V) and 32/32/1/8/2 with reload_q (0.30 ms at
@@ -57,15 +59,29 @@ def compiled_kernels() -> dict:
     return out
 
 
-def timer(dev: torch.device, calls: int):
+def timer(dev: torch.device, calls: int, graphs: bool = True):
+    """ms a call of fn. On CUDA `calls` calls are captured in one CUDA graph and replayed, as the engine
+    replays its decode step: eager launches would time Python (the mma kernel's ctypes launch and the
+    span merge's small ops cost more than the kernel itself at 32 rows)."""
     def ms(fn) -> float:
         fn()
         if dev.type == "cuda":
             torch.cuda.synchronize()
+            graph = None
+            if graphs:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(calls):
+                        fn()
+                graph.replay()
+                torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(calls):
-                fn()
+            if graph is not None:
+                graph.replay()
+            else:
+                for _ in range(calls):
+                    fn()
             end.record()
             torch.cuda.synchronize()
             return start.elapsed_time(end) / calls
@@ -83,17 +99,20 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--prefill-tokens", type=int, default=4,
+                   help="also time a prefill of this many tokens a row: cuDNN, the GEMMs, the mma kernel (0: not)")
+    p.add_argument("--eager", action="store_true", help="time eager launches, not a replayed CUDA graph")
     args = p.parse_args()
     dev = torch.device(args.device)
     dtype = torch.float16
     D, dh, T = args.width, 64, 1500
     H = D // dh
-    ms = timer(dev, args.calls)
+    ms = timer(dev, args.calls, graphs=not args.eager)
     gen = torch.Generator(device="cpu").manual_seed(0)
     w_kv = (torch.randn(2 * D, D, generator=gen) * D**-0.5).to(dev, dtype)
     b_v = (torch.randn(D, generator=gen) * 0.1).to(dev, dtype)
     w_k, w_v = w_kv[:D], w_kv[D:]
-    rows_out, sweep_out = [], []
+    rows_out, sweep_out, prefill_out = [], [], []
     for B in (int(r) for r in args.rows.split(",")):
         x = torch.randn(B, T, D, generator=gen).to(dev, dtype)  # encoder states after ln_post: unit scale
         q = torch.randn(B, H, dh, generator=gen).to(dev, dtype)
@@ -162,10 +181,25 @@ def main() -> None:
                 print(f"mma rows {B} splits {splits}: {t:.4f} ms", flush=True)
         rows_out.append(row)
         print(table([row], list(row)), flush=True)
+        if dev.type == "cuda" and args.prefill_tokens:  # a prompt's prefill: tokens x heads query rows a window
+            n = args.prefill_tokens
+            qn = torch.randn(B, H, n, dh, generator=gen).to(dev, dtype)
+            qan = absorb_query(qn.transpose(1, 2).reshape(B * n, H, dh), w_k).reshape(B, n * H, D)
+
+            def cudnn_n():
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return F.scaled_dot_product_attention(qn, k, v)
+            pre = {"rows": B, "tokens": n, "query_rows": n * H, "cudnn_ms": round(ms(cudnn_n), 4),
+                   "gemm_ms": round(ms(lambda: absorbed_attention_gemm(qan, x)), 4)}
+            if cross_absorbed_mma.usable(qan, x):
+                pre["mma_ms"] = round(ms(lambda: cross_absorbed_mma.absorbed_attention_mma(qan, x)), 4)
+            pre["dispatch"] = "gemm" if n * H > GEMM_ROWS else "mma"
+            prefill_out.append(pre)
+            print(table([pre], list(pre)), flush=True)
     print(table(rows_out, list(rows_out[0])))
     write_json("probe_absorbed.json", {"command": "python benchmarks/probe_absorbed.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items()), "environment": environment(), "rows": rows_out,
-        "sweep": sweep_out})
+        "sweep": sweep_out, "prefill": prefill_out})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ multiply-adds of the head-split form over half the bytes; at a decode step's one
 it stays bound by bytes on an H100/H200 (~100 flop a byte against a ridge of ~200), which is what
 benchmarks/probe_absorbed.py measures against cuDNN's attention over the K/V cache.
 
-`absorbed_attention` runs the Triton kernel on CUDA (or on the CPU under TRITON_INTERPRET=1, for the
+`absorbed_attention` runs the tensor-core kernel of cross_absorbed_mma.py (CUDA C++, a decode step's
+up to 48 query rows a window), two cuBLAS GEMMs for more rows (a prompt's prefill), else the Triton
+kernel on CUDA (or on the CPU under TRITON_INTERPRET=1, for the
 tests) and the reference elsewhere. One program takes a row, a group of HG query rows and a span of
 positions; it holds the group's queries and its [HG, D] accumulator in registers and loads each
 block of X once for both of its products (scores, then the weighted sum). D is split into two
@@ -107,6 +109,20 @@ def absorbed_attention_reference(qa: Tensor, x: Tensor, windows: Tensor | None =
     return (qa.float() @ xs.transpose(1, 2)).softmax(-1) @ xs
 
 
+GEMM_ROWS = 2 * cross_absorbed_mma.NMAX
+"""Query rows a window above which `absorbed_attention` runs two batched GEMMs on CUDA (a prompt's
+prefill: tokens x heads rows): the kernels read X once per group of rows (24 for the mma kernel),
+the GEMMs twice whatever the rows."""
+
+
+def absorbed_attention_gemm(qa: Tensor, x: Tensor, windows: Tensor | None = None) -> Tensor:
+    """`absorbed_attention_reference` in qa's dtype with cuBLAS: the logits in float32 (bmm's out_dtype),
+    the softmax in float32, its weights rounded to qa's dtype for the second product (as the kernels do)."""
+    xs = x if windows is None else x.index_select(0, windows)
+    logits = torch.bmm(qa, xs.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(logits.softmax(-1).to(qa.dtype), xs)
+
+
 def choose_splits(rows: int, groups: int, T: int, sms: int, block_t: int) -> int:
     """Spans of positions per row so that rows x groups x spans fills ~2 waves of `sms` (one program an
     SM: its accumulator takes most of the registers), each span at least 4 blocks long."""
@@ -116,10 +132,13 @@ def choose_splits(rows: int, groups: int, T: int, sms: int, block_t: int) -> int
 
 def absorbed_attention(qa: Tensor, x: Tensor, windows: Tensor | None = None,
                        launch: AbsorbedLaunch | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
-    """`absorbed_attention_reference` in `out_dtype` (default qa's dtype) through the tensor-core kernel
-    (cross_absorbed_mma.py) where it applies and no Triton `launch` is asked for, else through the
-    Triton kernel where Triton can run (`launch`, default DEFAULT_LAUNCH), else the reference (cast)."""
+    """`absorbed_attention_reference` in `out_dtype` (default qa's dtype). Unless a Triton `launch` is
+    asked for: on CUDA with more than GEMM_ROWS query rows through `absorbed_attention_gemm`, else
+    through the tensor-core kernel (cross_absorbed_mma.py) where it applies; else through the Triton
+    kernel where Triton can run (`launch`, default DEFAULT_LAUNCH), else the reference (cast)."""
     out_dtype = out_dtype or qa.dtype
+    if launch is None and qa.is_cuda and qa.shape[1] > GEMM_ROWS and qa.dtype in (torch.float16, torch.bfloat16):
+        return absorbed_attention_gemm(qa, x, windows).to(out_dtype)
     if launch is None and cross_absorbed_mma.usable(qa, x):
         return cross_absorbed_mma.absorbed_attention_mma(qa, x, windows, out_dtype=out_dtype)
     if not triton_usable(qa.device):

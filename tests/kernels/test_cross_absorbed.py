@@ -150,3 +150,21 @@ def test_mma_kernel_is_what_absorbed_attention_runs_and_refuses_bad_inputs():
         cross_absorbed_mma.absorbed_attention_mma(qa, x[:2])
     with pytest.raises(ValueError, match="int32"):
         cross_absorbed_mma.absorbed_attention_mma(qa, x, torch.zeros(3, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.skipif(not CUDA, reason="cuBLAS's float32-output bmm runs on CUDA only")
+@pytest.mark.parametrize("case", [(3, 100, 77, 1280, True), (2, 49, 1500, 384, False), (5, 80, 1500, 1280, False)], ids=str)
+def test_gemm_path_for_many_query_rows(case):
+    """Above GEMM_ROWS query rows a window (a prompt's prefill) absorbed_attention runs two GEMMs: within
+    the bound of a plain fp16 computation of the reference, like the kernels."""
+    from cuda_ops.cross_absorbed import GEMM_ROWS, absorbed_attention, absorbed_attention_gemm
+
+    qa, x, win = make_case(*case)
+    assert qa.shape[1] > GEMM_ROWS
+    ref = absorbed_attention_reference(qa, x, win)
+    xs = x if win is None else x[win.long()]
+    torch_fp16 = ((qa @ xs.transpose(1, 2)).float().softmax(-1).half() @ xs).float()
+    bound = 2 * (torch_fp16 - ref).abs().max().item() + 1e-3
+    got = absorbed_attention(qa, x, win)
+    torch.testing.assert_close(got, absorbed_attention_gemm(qa, x, win), rtol=0, atol=0)
+    assert got.dtype == torch.float16 and (got.float() - ref).abs().max().item() <= bound

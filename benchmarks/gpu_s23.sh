@@ -32,7 +32,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "tests $((SECONDS - t)) s"
 fi
 t=$SECONDS
-(cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 256,128,32) 2>&1 \
+(cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 256,128,64,32,8) 2>&1 \
   | tee "$OUT/probe_absorbed.log" | tail -12
 echo "probe $((SECONDS - t)) s"
 runs="large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed"

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).parent / "csrc" / "cross_absorbed_mma.cu"
-BT, WARPS, NMAX, PSTRIDE, RSTRIDE = 32, 8, 24, 40, 26  # as the .cu file defines them
+BT, WARPS, NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 32, 8, 24, 40, 26, 64  # as the .cu file defines them
 ENABLED = os.environ.get("STREAMER_ABSORBED_KERNEL", "mma") == "mma"
 """STREAMER_ABSORBED_KERNEL=triton runs the Triton kernel instead (A/B runs)."""
 
@@ -58,7 +58,7 @@ def usable(qa: Tensor, x: Tensor) -> bool:
     limit, _, capability = _device_facts(index)
     if d % 128 or d > 1280 or capability < (8, 0) or not choose_stages(d, limit):
         return False
-    return _kernel(index, d, 3, choose_stages(d, limit)) is not None
+    return _kernel(index, d, 3, choose_stages(d, limit)) is not None and _merge_kernel(index) is not None
 
 
 @functools.cache
@@ -79,6 +79,20 @@ def _kernel(index: int, d: int, nt: int, stages: int):
         import warnings
 
         warnings.warn(f"absorbed mma kernel unavailable ({type(e).__name__}: {e}); using the Triton kernel", stacklevel=2)
+        return None
+
+
+@functools.cache
+def _merge_kernel(index: int):
+    """`absorbed_merge` (the spans' partial sums merged, one pass) loaded on CUDA device `index`, or None.
+    Loaded by `usable`, so before any graph capture."""
+    from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
+
+    try:
+        with torch.cuda.device(index):
+            cubin, mangled = _nvrtc_compile(SOURCE.read_text(), "absorbed_merge", nvcc_options=["-std=c++17"])
+            return _cuda_load_module(cubin, [mangled])[mangled]
+    except Exception:  # noqa: BLE001 - as `_kernel`: then `usable` is False (its warning names the cause)
         return None
 
 
@@ -117,6 +131,8 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
     span = -(-T // splits)
     span = -(-span // BT) * BT
     splits = -(-T // span)
+    if splits > MERGE_MAX:
+        raise ValueError(f"at most {MERGE_MAX} spans a row, got {splits}")
     out_dtype = out_dtype or qa.dtype
     one = splits == 1
     if one:
@@ -134,7 +150,6 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
                  s_ob, s_os, s_oh, splits * Hq, int(windows is not None), int(one)])
     if one:
         return out if out_dtype == torch.float16 else out.to(out_dtype)
-    top = m.amax(1, keepdim=True)  # the spans' sums rescaled to their common maximum
-    w = torch.exp(m - top)
-    z = (out * w[..., None]).sum(1) / (l * w).sum(1)[..., None]
-    return z.to(out_dtype)
+    z = torch.empty(B, Hq, D, device=qa.device, dtype=torch.float16)
+    _merge_kernel(index)(grid=(B * Hq, 1, 1), block=(min(256, D // 4), 1, 1), args=[out, m, l, z, Hq, D, splits])
+    return z if out_dtype == torch.float16 else z.to(out_dtype)

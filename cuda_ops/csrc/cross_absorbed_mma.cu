@@ -293,6 +293,44 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
         }
 }
 
+// The spans of a row merged (absorbed_mma with normalize = 0 wrote them): z[b, h] = sum_s w_s part[b, s, h] /
+// sum_s w_s l[b, s, h], w_s = exp(m[b, s, h] - max_s m[b, s, h]). One block a (row, query row), four widths a
+// thread; part fp32 [B, splits, HQ, D], m and l [B, splits, HQ], z fp16 [B, HQ, D], all contiguous;
+// splits <= MERGE_MAX. One pass over the partial sums instead of PyTorch's five.
+#define MERGE_MAX 64
+struct __align__(16) f32x4 { float x, y, z, w; };
+__global__ void absorbed_merge(const float* __restrict__ part, const float* __restrict__ m,
+                               const float* __restrict__ l, f16* __restrict__ z, int HQ, int D, int splits) {
+    __shared__ float ws[MERGE_MAX];
+    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
+    if (threadIdx.x == 0) {
+        float top = -3.0e38f, den = 0.f;
+        for (int s = 0; s < splits; ++s) top = fmaxf(top, m[((long long)b * splits + s) * HQ + h]);
+        for (int s = 0; s < splits; ++s) {
+            const long long i = ((long long)b * splits + s) * HQ + h;
+            ws[s] = __expf(m[i] - top);
+            den += ws[s] * l[i];
+        }
+        for (int s = 0; s < splits; ++s) ws[s] /= den;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x * 4; d < D; d += blockDim.x * 4) {
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const f32x4 v = *(const f32x4*)(part + (((long long)b * splits + s) * HQ + h) * D + d);
+            a0 += ws[s] * v.x;
+            a1 += ws[s] * v.y;
+            a2 += ws[s] * v.z;
+            a3 += ws[s] * v.w;
+        }
+        f16* o = z + ((long long)b * HQ + h) * D + d;
+        o[0] = to_f16(a0);
+        o[1] = to_f16(a1);
+        o[2] = to_f16(a2);
+        o[3] = to_f16(a3);
+    }
+}
+
 #ifdef ABSORBED_MMA_INSTANTIATE  // nvcc checks (registers, spills): nvcc -DABSORBED_MMA_INSTANTIATE -cubin
 template __global__ void absorbed_mma<1280, 3, 2>(const f16*, const f16*, const int*, void*, float*, float*, int, int,
                                                   int, int, int, int, int, int, int, int, int, int, int, int, int);

@@ -11,7 +11,7 @@
 #    absorbed cache through the Triton kernel]. H200 @256 recorded: s19 2,315 rtf, s20 2,274 (full_fp16).
 # PART=2: the bench_engine guard (gpu_s22.sh PART=2) with both caches, against every bench_engine*_h200.json.
 # Env: WINDOWS (256 on an H200, else 128: full_fp16's K/V of 256 large-v3 windows do not fit an H100),
-# SKIP_TESTS=1, BUDGET_S (560).
+# SKIP_TESTS=1, SKIP_PROBE=1, BUDGET_S (560).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-560}
@@ -31,10 +31,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -k "mma or gemm" 2>&1 | tail -15 | tee "$OUT/cuda_tests_absorbed.log"
   echo "tests $((SECONDS - t)) s"
 fi
-t=$SECONDS
-(cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 256,128,64,32,8) 2>&1 \
-  | tee "$OUT/probe_absorbed.log" | tail -12
-echo "probe $((SECONDS - t)) s"
+if [ -z "${SKIP_PROBE:-}" ]; then
+  t=$SECONDS
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 256,128,64,32,8) 2>&1 \
+    | tee "$OUT/probe_absorbed.log" | tail -12
+  echo "probe $((SECONDS - t)) s"
+fi
 runs="large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed"
 [ -n "${RUNS_TRITON:-}" ] && runs="$runs triton:large-v3:full_fp16:cross_kv_cache=absorbed"
 for run in $runs; do

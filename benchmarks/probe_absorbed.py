@@ -175,7 +175,7 @@ def main() -> None:
             row["mma_absorbed_ms"] = round(ms(absorbed(None)), 4)
             row["mma_speedup"] = round(row["cudnn_ms"] / row["mma_absorbed_ms"], 3)
             row["mma_max_diff"] = float(f"{(absorbed(None)().float() - ref).abs().max().item():.3g}")
-            for splits in (1, 2, 4, 8):
+            for splits in (1, 2, 4, 8, 16):
                 t = ms(lambda: cross_absorbed_mma.absorbed_attention_mma(qa, x, splits=splits))
                 sweep_out.append({"rows": B, "kernel": "mma", "splits": splits, "kernel_ms": round(t, 4)})
                 print(f"mma rows {B} splits {splits}: {t:.4f} ms", flush=True)

@@ -9,6 +9,7 @@
 # 3. profile_engine, large-v3 shape, WINDOWS windows x 100 forced tokens, same call: full_fp16 (cuDNN over
 #    the fp16 K/V cache) against full_fp16:cross_kv_cache=absorbed (the mma kernel) [and RUNS_TRITON=1: the
 #    absorbed cache through the Triton kernel]. H200 @256 recorded: s19 2,315 rtf, s20 2,274 (full_fp16).
+# PART=3: bench_engine, both caches at BATCHES (1,8,32,128), no transformers, no baselines (any card).
 # PART=2: the bench_engine guard (gpu_s22.sh PART=2) with both caches, against every bench_engine*_h200.json.
 # Env: WINDOWS (256 on an H200, else 128: full_fp16's K/V of 256 large-v3 windows do not fit an H100),
 # SKIP_TESTS=1, SKIP_PROBE=1, BUDGET_S (560).
@@ -22,6 +23,14 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]00' | tr 'H' 'h')
 if [ "${PART:-1}" = 2 ]; then
   ENGINE_OUT=bench_engine_s23_${card:-gpu}.json exec bash benchmarks/gpu_s22.sh
+fi
+if [ "${PART:-1}" = 3 ]; then  # both caches over the batch sizes, any card (no baselines: those are H200 runs)
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(( $(left) - 10 )) python3 bench_engine.py \
+    --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --shapes "${SHAPES:-large-v3,large-v3-turbo}" \
+    --batches "${BATCHES:-1,8,32,128}" --hf-batches "" --precisions full_fp16,full_fp16:cross_kv_cache=absorbed \
+    --out "bench_engine_s23_small_${card:-gpu}.json") 2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine_small.log"
+  echo "engine rc=${PIPESTATUS[0]} $((SECONDS - START)) s"; tail -30 "$OUT/bench_engine_small.log"
+  exit 0
 fi
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) windows=${WINDOWS:-256} ;; *) windows=${WINDOWS:-128} ;; esac

@@ -12,7 +12,7 @@
 # PART=3: bench_engine, both caches at BATCHES (1,8,32,128), no transformers, no baselines (any card).
 # PART=2: the bench_engine guard (gpu_s22.sh PART=2) with both caches, against every bench_engine*_h200.json.
 # Env: WINDOWS (256 on an H200, else 128: full_fp16's K/V of 256 large-v3 windows do not fit an H100),
-# SKIP_TESTS=1, SKIP_PROBE=1, SKIP_PROFILE=1, BUDGET_S (560).
+# RUNS (the profiled runs), SKIP_TESTS=1, SKIP_PROBE=1, SKIP_PROFILE=1, BUDGET_S (560).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-560}
@@ -47,7 +47,7 @@ if [ -z "${SKIP_PROBE:-}" ]; then
   echo "probe $((SECONDS - t)) s"
 fi
 [ -n "${SKIP_PROFILE:-}" ] && exit 0
-runs="large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed"
+runs=${RUNS:-large-v3:full_fp16 large-v3:full_fp16:cross_kv_cache=absorbed}
 [ -n "${RUNS_TRITON:-}" ] && runs="$runs triton:large-v3:full_fp16:cross_kv_cache=absorbed"
 for run in $runs; do
   t=$SECONDS

@@ -90,7 +90,9 @@ def absorb_query(q: Tensor, w_k: Tensor) -> Tensor:
     w_k [H * Dh, D] (rows of head h: h * Dh ... (h + 1) * Dh). Computed in q's dtype, fp32 accumulation."""
     B, H, Dh = q.shape
     wk = w_k.view(H, Dh, w_k.shape[1])
-    return torch.bmm(q.transpose(0, 1) * Dh**-0.5, wk).transpose(0, 1)  # [H, B, D] viewed as [B, H, D]
+    out = torch.empty(H, B, w_k.shape[1], device=q.device, dtype=q.dtype)
+    # the scale as the GEMM's alpha: no elementwise pass of its own (a kernel a layer in the step)
+    return torch.baddbmm(out, q.transpose(0, 1), wk, beta=0, alpha=Dh**-0.5).transpose(0, 1)  # [B, H, D] view
 
 
 def absorbed_output(z: Tensor, w_v: Tensor, b_v: Tensor | None) -> Tensor:

@@ -2,8 +2,9 @@
 # Session 23 (issue 15): the tensor-core absorbed cross-attention (cuda_ops/cross_absorbed_mma.py, CUDA C++
 # compiled with NVRTC at first use) on the GPU. Needs only the tree and .carry/inputs
 # (python benchmarks/make_gpu_inputs.py --no-base):
-#   run(command="bash benchmarks/gpu_s23.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200")
-# 1. the absorbed kernels' CUDA tests (the mma kernel against the fp32 reference on odd shapes; Triton's);
+#   run(command="bash benchmarks/gpu_s23.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200",
+#       needs_h200=True)   # full_fp16's fp16 K/V of 256 large-v3 windows do not fit an H100's 78 GiB
+# 1. the absorbed kernels' CUDA tests (the mma kernel and the prefill GEMMs against the fp32 reference);
 # 2. probe_absorbed.py (one layer's cross-attention at the large-v3 width: cuDNN over K/V, the Triton
 #    kernel, the mma kernel and its spans a row);
 # 3. profile_engine, large-v3 shape, WINDOWS windows x 100 forced tokens, same call: full_fp16 (cuDNN over

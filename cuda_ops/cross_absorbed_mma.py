@@ -86,9 +86,9 @@ def _kernel(index: int, d: int, nt: int, stages: int):
 def _merge_kernel(index: int):
     """`absorbed_merge` (the spans' partial sums merged, one pass) loaded on CUDA device `index`, or None.
     Loaded by `usable`, so before any graph capture."""
-    from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
-
     try:
+        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
+
         with torch.cuda.device(index):
             cubin, mangled = _nvrtc_compile(SOURCE.read_text(), "absorbed_merge", nvcc_options=["-std=c++17"])
             return _cuda_load_module(cubin, [mangled])[mangled]

@@ -21,7 +21,8 @@ source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]00' | tr 'H' 'h')
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+card=$(echo "$name" | grep -o 'H[0-9]00' | tr 'H' 'h')
 if [ "${PART:-1}" = 2 ]; then
   ENGINE_OUT=bench_engine_s23_${card:-gpu}.json exec bash benchmarks/gpu_s22.sh
 fi
@@ -33,7 +34,6 @@ if [ "${PART:-1}" = 3 ]; then  # both caches over the batch sizes, any card (no 
   echo "engine rc=${PIPESTATUS[0]} $((SECONDS - START)) s"; tail -30 "$OUT/bench_engine_small.log"
   exit 0
 fi
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) windows=${WINDOWS:-256} ;; *) windows=${WINDOWS:-128} ;; esac
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS

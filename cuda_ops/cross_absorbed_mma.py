@@ -56,44 +56,42 @@ def usable(qa: Tensor, x: Tensor) -> bool:
     d = qa.shape[-1]
     index = qa.device.index if qa.device.index is not None else torch.cuda.current_device()
     limit, _, capability = _device_facts(index)
-    if d % 128 or d > 1280 or capability < (8, 0) or not choose_stages(d, limit):
+    stages = choose_stages(d, limit)
+    if d % 128 or d > 1280 or capability < (8, 0) or not stages:
         return False
-    return _kernel(index, d, 3, choose_stages(d, limit)) is not None and _merge_kernel(index) is not None
+    return _kernel(index, d, 3, stages) is not None and _merge_kernel(index) is not None
 
 
 @functools.cache
-def _kernel(index: int, d: int, nt: int, stages: int):
-    """The instance <d, nt, stages> compiled and loaded on CUDA device `index` (a module per device),
-    its shared memory limit raised; None (once, with a warning) where NVRTC or PyTorch's loader is missing.
-    Compiled at first use: the engine's warm-up calls reach it before any graph capture."""
+def _load(index: int, name: str, shared: int = 0):
+    """Kernel `name` (a name expression of the .cu file) compiled with NVRTC and loaded on CUDA device
+    `index` (a module per device), its dynamic shared memory limit raised to `shared` bytes; None (once,
+    with a warning) where NVRTC or PyTorch's loader is missing. Compiled at first use, by `usable`: the
+    engine's warm-up calls reach it before any graph capture."""
     try:
         from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
 
-        name = f"absorbed_mma<{d}, {nt}, {stages}>"
         with torch.cuda.device(index):
             cubin, mangled = _nvrtc_compile(SOURCE.read_text(), name, nvcc_options=["-std=c++17"])
             kernel = _cuda_load_module(cubin, [mangled])[mangled]
-            kernel.set_shared_memory_config(shared_bytes(d, stages))
+            if shared:
+                kernel.set_shared_memory_config(shared)
         return kernel
     except Exception as e:  # noqa: BLE001 - any failure to build means the Triton kernel runs instead
         import warnings
 
-        warnings.warn(f"absorbed mma kernel unavailable ({type(e).__name__}: {e}); using the Triton kernel", stacklevel=2)
+        warnings.warn(f"absorbed mma kernel {name} unavailable ({type(e).__name__}: {e}); using the Triton kernel", stacklevel=2)
         return None
 
 
-@functools.cache
+def _kernel(index: int, d: int, nt: int, stages: int):
+    """The instance <d, nt, stages> on CUDA device `index` (see `_load`)."""
+    return _load(index, f"absorbed_mma<{d}, {nt}, {stages}>", shared_bytes(d, stages))
+
+
 def _merge_kernel(index: int):
-    """`absorbed_merge` (the spans' partial sums merged, one pass) loaded on CUDA device `index`, or None.
-    Loaded by `usable`, so before any graph capture."""
-    try:
-        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
-
-        with torch.cuda.device(index):
-            cubin, mangled = _nvrtc_compile(SOURCE.read_text(), "absorbed_merge", nvcc_options=["-std=c++17"])
-            return _cuda_load_module(cubin, [mangled])[mangled]
-    except Exception:  # noqa: BLE001 - as `_kernel`: then `usable` is False (its warning names the cause)
-        return None
+    """`absorbed_merge` (the spans' partial sums merged, one pass) on CUDA device `index` (see `_load`)."""
+    return _load(index, "absorbed_merge")
 
 
 def choose_splits(rows: int, groups: int, T: int, sms: int) -> int:

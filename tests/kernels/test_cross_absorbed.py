@@ -120,6 +120,13 @@ MMA_SHAPES = [(1, 6, 1, 384, False, 0), (3, 6, 33, 384, True, 0), (5, 16, 1500, 
               (130, 20, 1500, 1280, False, 1)]
 
 
+def fp16_bound(qa, x, win, ref) -> float:
+    """Twice the error of a plain fp16 computation of the reference, plus one fp16 rounding of the output."""
+    xs = x if win is None else x[win.long()]
+    torch_fp16 = ((qa @ xs.transpose(1, 2)).float().softmax(-1).half() @ xs).float()
+    return 2 * (torch_fp16 - ref).abs().max().item() + 1e-3
+
+
 @pytest.mark.skipif(not CUDA, reason="the tensor-core kernel runs on CUDA only")
 @pytest.mark.parametrize("shape", MMA_SHAPES, ids=str)
 def test_mma_kernel_matches_reference(shape):
@@ -129,9 +136,7 @@ def test_mma_kernel_matches_reference(shape):
     qa, x, win = make_case(*case)
     assert cross_absorbed_mma.usable(qa, x)
     ref = absorbed_attention_reference(qa, x, win)
-    xs = x if win is None else x[win.long()]
-    torch_fp16 = ((qa @ xs.transpose(1, 2)).float().softmax(-1).half() @ xs).float()
-    bound = 2 * (torch_fp16 - ref).abs().max().item() + 1e-3  # + one fp16 rounding of the output
+    bound = fp16_bound(qa, x, win, ref)
     got = cross_absorbed_mma.absorbed_attention_mma(qa, x, win, splits=splits, out_dtype=torch.float32)
     assert got.shape == ref.shape and torch.isfinite(got).all()
     err = (got - ref).abs().max().item()
@@ -162,9 +167,7 @@ def test_gemm_path_for_many_query_rows(case):
     qa, x, win = make_case(*case)
     assert qa.shape[1] > GEMM_ROWS
     ref = absorbed_attention_reference(qa, x, win)
-    xs = x if win is None else x[win.long()]
-    torch_fp16 = ((qa @ xs.transpose(1, 2)).float().softmax(-1).half() @ xs).float()
-    bound = 2 * (torch_fp16 - ref).abs().max().item() + 1e-3
+    bound = fp16_bound(qa, x, win, ref)
     got = absorbed_attention(qa, x, win)
     torch.testing.assert_close(got, absorbed_attention_gemm(qa, x, win), rtol=0, atol=0)
     assert got.dtype == torch.float16 and (got.float() - ref).abs().max().item() <= bound

@@ -525,6 +525,19 @@ def test_warm_admission_goes_through_a_scheduler_and_leaves_nothing_behind(tiny,
         engine.close()
 
 
+def test_warm_admission_of_a_one_slot_engine_skips_what_it_cannot_hold(tiny, jfk_path):
+    """An engine of one slot (profile_engine --windows 1) warms the batches it can hold and skips the
+    beam search and the batch of two, instead of failing to start."""
+    engine = Engine(tiny, EngineConfig(max_slots=1))
+    try:
+        engine.warm_admission()
+        assert engine.runner.slots == [] and engine.runner.encoding == []
+        result = asyncio.run(engine.transcribe(decode_audio(jfk_path), DecodeOptions(temperatures=(0.0,))))
+        assert "ask not what your country can do for you" in result.text.lower()
+    finally:
+        engine.close()
+
+
 def test_the_runner_refuses_a_plan_that_is_not_its_state(tiny):
     """`Runner.execute` checks the plan against what it holds: one source of truth."""
     from streamer.engine.scheduler import StepPlan

@@ -100,8 +100,10 @@ def absorbed_output(z: Tensor, w_v: Tensor, b_v: Tensor | None) -> Tensor:
     weight [H * Dh, D] and bias [H * Dh]."""
     B, H, D = z.shape
     wv = w_v.view(H, -1, D)
-    a = torch.bmm(z.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # [B, H, Dh]
-    return a if b_v is None else a + b_v.view(H, -1)
+    if b_v is None:
+        return torch.bmm(z.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # [B, H, Dh]
+    # the bias as the GEMM's input (beta 1): no elementwise pass of its own (a kernel a layer in the step)
+    return torch.baddbmm(b_v.view(H, 1, -1).expand(H, B, -1), z.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)
 
 
 def absorbed_attention_reference(qa: Tensor, x: Tensor, windows: Tensor | None = None) -> Tensor:

@@ -43,7 +43,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_PROBE:-}" ]; then
   t=$SECONDS
-  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 256,128,64,32,8) 2>&1 \
+  (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows ${PROBE_ROWS:-256,128,64,32,8,1}) 2>&1 \
     | tee "$OUT/probe_absorbed.log" | tail -12
   echo "probe $((SECONDS - t)) s"
 fi

@@ -511,24 +511,13 @@ def test_the_verdict_judges_once_with_the_request_thresholds():
     assert v.silence and not v.poor and not v.fallback
 
 
-def test_warm_admission_goes_through_a_scheduler_and_leaves_nothing_behind(tiny, jfk_path):
+@pytest.mark.parametrize("slots", [4, 1])
+def test_warm_admission_goes_through_a_scheduler_and_leaves_nothing_behind(tiny, jfk_path, slots):
     """The CUDA start-up warm-up (run here on the CPU): every batch goes through a scheduler of its
     own and `Runner.execute`, whose plan check would refuse a step out of line; afterwards no
-    sequence or encoder pass is left, and the engine serves as usual."""
-    engine = Engine(tiny, EngineConfig(max_slots=4))
-    try:
-        engine.warm_admission()
-        assert engine.runner.slots == [] and engine.runner.encoding == []
-        result = asyncio.run(engine.transcribe(decode_audio(jfk_path), DecodeOptions(temperatures=(0.0,))))
-        assert "ask not what your country can do for you" in result.text.lower()
-    finally:
-        engine.close()
-
-
-def test_warm_admission_of_a_one_slot_engine_skips_what_it_cannot_hold(tiny, jfk_path):
-    """An engine of one slot (profile_engine --windows 1) warms the batches it can hold and skips the
-    beam search and the batch of two, instead of failing to start."""
-    engine = Engine(tiny, EngineConfig(max_slots=1))
+    sequence or encoder pass is left, and the engine serves as usual. An engine of one slot
+    (profile_engine --windows 1) skips the beam search and the batch of two instead of failing."""
+    engine = Engine(tiny, EngineConfig(max_slots=slots))
     try:
         engine.warm_admission()
         assert engine.runner.slots == [] and engine.runner.encoding == []

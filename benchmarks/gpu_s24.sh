@@ -16,10 +16,7 @@ START=$SECONDS
 BUDGET=${BUDGET_S:-570}
 source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-card=$(echo "$name" | grep -o 'H[0-9]00' | tr 'H' 'h')
+gpu_facts
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS
   timeout $(cap 120 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \

@@ -65,7 +65,7 @@ class PrecisionConfig:
     """Projection of the encoder output to cross-attention K/V, once per window (M = 1500 x
     batch, compute-bound); its input is the encoder's final LayerNorm, which can emit FP8."""
 
-    cross_kv_cache: CacheFormat = "auto"
+    cross_kv_cache: CacheFormat = "fp16"
     """Storage of the cross-attention K/V cache (1500 tokens x 2 x d_model per layer, read on
     every decode step: the largest decoder read). "fp8" (e4m3, a scale per 128-position tile of a
     head) halves it and doubles the number of decoder slots that fit; "int4" (cuda_ops/cross_int4.py:
@@ -76,7 +76,7 @@ class PrecisionConfig:
     states X [1500, D] once for every layer, and the step folds the K projection into the query and
     the V projection into the output (one read of X a layer: half fp16 K/V's bytes, 1/64 the memory,
     no cross-K/V projection at admission); needs an fp16 `cross_kv_proj` (its weights are applied per
-    step). "auto" (full_fp16's): "absorbed" where its tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py:
+    step). "auto" (the candidate for full_fp16's default, benchmarks/gpu_s24.sh): "absorbed" where its tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py:
     CUDA, fp16, sm80+, widths a multiple of 128 up to 1280; `streamer.model.fused.cross_cache_format`
     decides), else "fp16"."""
 

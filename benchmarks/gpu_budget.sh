@@ -1,6 +1,12 @@
-# Sourced by the GPU scripts: the call's time budget. Needs START (=$SECONDS at the start) and
+# Sourced by the GPU scripts: the call's time budget, and gpu_facts. Needs START (=$SECONDS at the start) and
 # BUDGET (seconds for the whole call) set before it is sourced.
 left() { echo $(( BUDGET - (SECONDS - START) )); }
 cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
   local l=$(( $(left) - $2 )); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
+}
+gpu_facts() {  # the card, driver, clocks and versions into the log; sets name (the card's) and card (h100, h200)
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  card=$(echo "$name" | grep -o 'H[0-9]00' | tr 'H' 'h')
 }

@@ -19,10 +19,7 @@ START=$SECONDS
 BUDGET=${BUDGET_S:-560}
 source benchmarks/gpu_budget.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-card=$(echo "$name" | grep -o 'H[0-9]00' | tr 'H' 'h')
+gpu_facts
 if [ "${PART:-1}" = 2 ]; then
   ENGINE_OUT=bench_engine_s23_${card:-gpu}.json exec bash benchmarks/gpu_s22.sh
 fi

@@ -49,17 +49,22 @@ def choose_stages(d: int, limit: int) -> int:
     return 0
 
 
-def usable(qa: Tensor, x: Tensor) -> bool:
-    """Whether this kernel takes these inputs on their device."""
-    if not (ENABLED and qa.is_cuda and qa.dtype == torch.float16 and x.dtype == torch.float16):
+def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
+    """Whether this kernel runs queries and encoder states of `dtype` and width `d` on `device`
+    (compiling it there on first use)."""
+    if not (ENABLED and device.type == "cuda" and dtype == torch.float16):
         return False
-    d = qa.shape[-1]
-    index = qa.device.index if qa.device.index is not None else torch.cuda.current_device()
+    index = device.index if device.index is not None else torch.cuda.current_device()
     limit, _, capability = _device_facts(index)
     stages = choose_stages(d, limit)
     if d % 128 or d > 1280 or capability < (8, 0) or not stages:
         return False
     return _kernel(index, d, 3, stages) is not None and _merge_kernel(index) is not None
+
+
+def usable(qa: Tensor, x: Tensor) -> bool:
+    """Whether this kernel takes these inputs on their device."""
+    return x.dtype == qa.dtype and supported(qa.device, qa.dtype, qa.shape[-1])
 
 
 @functools.cache

@@ -18,8 +18,9 @@ from typing import Literal
 
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
-CacheFormat = Literal["fp16", "fp8", "int4", "absorbed"]
+CacheFormat = Literal["auto", "fp16", "fp8", "int4", "absorbed"]
 CACHE_FORMATS = ("fp16", "fp8", "int4", "absorbed")  # the cross cache's storage (model/whisper.py, LayerKV)
+CACHE_CHOICES = ("auto", *CACHE_FORMATS)  # what PrecisionConfig.cross_kv_cache takes ("auto": model/fused.py decides)
 _SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
 _INTS = ("fp8_min_width",)  # every field in neither tuple is a site
 
@@ -75,7 +76,9 @@ class PrecisionConfig:
     states X [1500, D] once for every layer, and the step folds the K projection into the query and
     the V projection into the output (one read of X a layer: half fp16 K/V's bytes, 1/64 the memory,
     no cross-K/V projection at admission); needs an fp16 `cross_kv_proj` (its weights are applied per
-    step)."""
+    step). "auto" (the candidate for full_fp16's default, benchmarks/gpu_s24.sh): "absorbed" where its tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py:
+    CUDA, fp16, sm80+, widths a multiple of 128 up to 1280; `streamer.model.fused.cross_cache_format`
+    decides), else "fp16"."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
@@ -99,13 +102,13 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            allowed = CACHE_FORMATS if f.name == "cross_kv_cache" else _SITE_DTYPES
+            allowed = CACHE_CHOICES if f.name == "cross_kv_cache" else _SITE_DTYPES
             if f.name not in _SWITCHES + _INTS and value not in allowed:
                 raise ValueError(f"PrecisionConfig.{f.name} must be one of {allowed}, got {value!r}")
         ln_fed = (self.encoder_qkv, self.encoder_ffn, self.decoder_ffn, self.cross_kv_proj)
         if not self.use_fused_layernorm and "fp8" in ln_fed:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
-        if not self.use_fused_layernorm and self.cross_kv_cache != "fp16":  # only the fused blocks read it
+        if not self.use_fused_layernorm and self.cross_kv_cache not in ("fp16", "auto"):  # only the fused blocks read it
             raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs use_fused_layernorm=True")
         if self.cross_kv_cache == "absorbed" and self.cross_kv_proj != "fp16":
             raise ValueError("an absorbed cross_kv_cache needs cross_kv_proj='fp16' (its weights fold into each step)")

@@ -6,6 +6,7 @@ presets; tests/kernels check the kernels themselves against the same references.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import jiwer
 import pytest
@@ -18,7 +19,7 @@ from streamer.engine.request import DecodeOptions
 from streamer.audio.features import log_mel_spectrogram
 from streamer.model.fused import FusedAudioEncoder, FusedDecoderBlock, FusedEncoderBlock, FusedTextDecoder, apply_precision
 from streamer.model.weights import load_model
-from streamer.model.whisper import AudioEncoder, DecoderBlock, KVCache, TextDecoder
+from streamer.model.whisper import AudioEncoder, DecoderBlock, KVCache, ModelDims, TextDecoder, Whisper
 from cuda_ops.fp8 import FP8Linear
 from cuda_ops.precision import get_preset
 
@@ -222,3 +223,29 @@ def test_absorbed_cross_cache_gives_the_fp16_caches_hidden_states_and_alignment_
         loaded.model.decoder(long_tokens[:, :1], torch.zeros(2, 1, dtype=torch.long), 0, absorbed)
     with pytest.raises(ValueError, match="cross_kv_proj='fp16'"):
         get_preset("mixed_fp8:cross_kv_cache=absorbed:cross_kv_proj=fp8")
+
+
+def test_auto_cross_cache_is_absorbed_only_where_the_tensor_core_kernel_runs():
+    """An "auto" cross cache is the absorbed cache where cuda_ops/cross_absorbed_mma.py runs (CUDA,
+    fp16, widths a multiple of 128 up to 1280), fp16 K/V elsewhere (the CPU here); a format asked for
+    by name is kept as it is."""
+    from streamer.model.fused import cross_cache_format
+
+    auto = "full_fp16:cross_kv_cache=auto"
+    dims = ModelDims(n_mels=80, n_audio_ctx=1500, n_audio_state=384, n_audio_head=6, n_audio_layer=1,
+                     n_vocab=51864, n_text_ctx=448, n_text_state=384, n_text_head=6, n_text_layer=1)
+    cpu = Whisper(dims)
+    assert get_preset("full_fp16").cross_kv_cache == "fp16"
+    assert cross_cache_format(cpu, get_preset(auto)) == "fp16"
+    assert cross_cache_format(cpu, get_preset("full_fp16:cross_kv_cache=absorbed")) == "absorbed"
+    assert cross_cache_format(cpu, get_preset("mixed_fp8")) == "int4"
+    if not torch.cuda.is_available():
+        return
+    half = Whisper(dims).to("cuda", torch.float16)
+    assert cross_cache_format(half, get_preset(auto)) == "absorbed"
+    assert cross_cache_format(half, get_preset("full_fp16")) == "fp16"
+    assert cross_cache_format(half, get_preset(auto + ":cross_kv_proj=fp8")) == "fp16"  # its weights fold per step
+    assert cross_cache_format(half, get_preset(auto + ":use_fused_layernorm=0")) == "fp16"
+    assert cross_cache_format(half.float(), get_preset(auto)) == "fp16"
+    odd = dataclasses.replace(dims, n_audio_state=320, n_text_state=320, n_audio_head=5, n_text_head=5)
+    assert cross_cache_format(Whisper(odd).to("cuda", torch.float16), get_preset(auto)) == "fp16"

@@ -112,11 +112,11 @@ class Engine:
         loaded = dataclasses.replace(loaded, model=with_cpu_encoder(loaded.model, resolve_cpu_encoder(cpu_encoder)))
         if precision is not None:
             from cuda_ops.precision import get_preset
-            from streamer.model.fused import apply_precision
+            from streamer.model.fused import apply_precision, cross_cache_format
 
             preset = get_preset(precision)
             loaded = dataclasses.replace(loaded, model=apply_precision(loaded.model, preset))  # the caller's model stays as it was
-            cross_format = preset.cross_kv_cache
+            cross_format = cross_cache_format(loaded.model, preset)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config

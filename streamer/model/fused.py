@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cuda_ops.attention import decode_attention, dequantize_kv
+from cuda_ops import cross_absorbed_mma
 from cuda_ops.cross_absorbed import absorb_query, absorbed_attention, absorbed_output
 from cuda_ops.cross_int4 import decode_attention_int4, dequantize_k, dequantize_v, write_cross_kv_int4
 from cuda_ops.cross_kv import write_cross_kv_fp8
@@ -302,3 +303,14 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
     decoder = with_padded_vocabulary(_retyped(model.decoder, FusedTextDecoder if fused else type(model.decoder),
                                               decoder_blocks))
     return with_children(model, encoder=encoder, decoder=decoder)
+
+
+def cross_cache_format(model: Whisper, config: PrecisionConfig) -> str:
+    """The cross-attention cache format `config` gives `model` (on its device and dtype): its
+    `cross_kv_cache`, with "auto" resolved to "absorbed" where the tensor-core kernel runs (one read of
+    the encoder states a layer instead of K and V, 1/64 of fp16 K/V's memory), else "fp16"."""
+    if config.cross_kv_cache != "auto":
+        return config.cross_kv_cache
+    p = next(model.parameters())
+    fits = config.use_fused_layernorm and config.cross_kv_proj == "fp16"
+    return "absorbed" if fits and cross_absorbed_mma.supported(p.device, p.dtype, model.dims.n_audio_state) else "fp16"

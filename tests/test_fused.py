@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import jiwer
 import pytest
 import torch
 
@@ -55,6 +54,8 @@ def test_presets_transcribe_like_the_plain_model(precision, clips, plain):
     if precision.startswith("full_fp16"):  # same function, fp32 here: the same greedy tokens
         assert [r.tokens for r in results] == [r.tokens for r in plain]
     else:  # FP8 or a 4-bit cross cache may move a token; the transcript must stay the same in substance
+        import jiwer  # here, so that the file's CUDA tests run where jiwer is not installed (the GPU machine)
+
         for ours, ref in zip(results, plain):
             words = jiwer.process_words(ref.text, ours.text)
             assert ours.text and words.substitutions + words.deletions + words.insertions <= 2, (ref.text, ours.text)

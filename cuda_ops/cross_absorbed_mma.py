@@ -71,7 +71,7 @@ def usable(qa: Tensor, x: Tensor) -> bool:
 def _load(index: int, name: str, shared: int = 0):
     """Kernel `name` (a name expression of the .cu file) compiled with NVRTC and loaded on CUDA device
     `index` (a module per device), its dynamic shared memory limit raised to `shared` bytes; None (once,
-    with a warning) where NVRTC or PyTorch's loader is missing. Compiled at first use, by `usable`: the
+    with a warning) where NVRTC or PyTorch's loader is missing. Compiled at first use, by `supported`: the
     engine's warm-up calls reach it before any graph capture."""
     try:
         from torch.cuda._utils import _cuda_load_module, _nvrtc_compile

@@ -76,9 +76,9 @@ class PrecisionConfig:
     states X [1500, D] once for every layer, and the step folds the K projection into the query and
     the V projection into the output (one read of X a layer: half fp16 K/V's bytes, 1/64 the memory,
     no cross-K/V projection at admission); needs an fp16 `cross_kv_proj` (its weights are applied per
-    step). "auto" (the candidate for full_fp16's default, benchmarks/gpu_s24.sh): "absorbed" where its tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py:
-    CUDA, fp16, sm80+, widths a multiple of 128 up to 1280; `streamer.model.fused.cross_cache_format`
-    decides), else "fp16"."""
+    step). "auto" (opt-in; it loses to fp16 K/V at 1-8 windows, docs/benchmarks.md session 24): "absorbed"
+    where its tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py: CUDA, fp16, sm80+, widths a multiple
+    of 128 up to 1280) and `absorbable`, else "fp16" (`streamer.model.fused.cross_cache_format` decides)."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
@@ -110,8 +110,14 @@ class PrecisionConfig:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
         if not self.use_fused_layernorm and self.cross_kv_cache not in ("fp16", "auto"):  # only the fused blocks read it
             raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs use_fused_layernorm=True")
-        if self.cross_kv_cache == "absorbed" and self.cross_kv_proj != "fp16":
+        if self.cross_kv_cache == "absorbed" and not self.absorbable:  # unfused was refused above
             raise ValueError("an absorbed cross_kv_cache needs cross_kv_proj='fp16' (its weights fold into each step)")
+
+    @property
+    def absorbable(self) -> bool:
+        """Whether the absorbed cross cache fits these sites: only the fused blocks read it, and its K/V
+        weights fold into each step, so they stay fp16."""
+        return self.use_fused_layernorm and self.cross_kv_proj == "fp16"
 
 
 def full_fp16() -> PrecisionConfig:

@@ -160,12 +160,13 @@ class Engine:
         # Through a scheduler of its own, as serving steps go (each batch is admitted in one step).
         scheduler = Scheduler(SchedulerConfig(max_slots=self.runner.n_slots, max_encoder_batch=2))
         for i, batch in enumerate(batches):
-            if sum(max(1, o.beam_size) for o in batch) > self.runner.n_slots:
+            requests = [Request(id=f"warmup{i}.{j}", audio=silence, options=o, initial=self._initial(o),
+                                priority=Priority.FILE, deadline=0.0, arrival=0.0)
+                        for j, o in enumerate(dataclasses.replace(o, temperatures=(0.0,)) for o in batch)]
+            if sum(r.n_slots for r in requests) > self.runner.n_slots:
                 continue  # a small engine (profile_engine --windows 1) warms what it can hold
-            for j, o in enumerate(batch):
-                o = dataclasses.replace(o, temperatures=(0.0,))
-                scheduler.add(Request(id=f"warmup{i}.{j}", audio=silence, options=o, initial=self._initial(o),
-                                      priority=Priority.FILE, deadline=0.0, arrival=0.0))
+            for request in requests:
+                scheduler.add(request)
             plan = None
             for k in range(WARMUP_MAX_STEPS + 2):
                 if k == WARMUP_MAX_STEPS:  # silence usually ends at once; whatever is left goes

@@ -312,5 +312,5 @@ def cross_cache_format(model: Whisper, config: PrecisionConfig) -> str:
     if config.cross_kv_cache != "auto":
         return config.cross_kv_cache
     p = next(model.parameters())
-    fits = config.use_fused_layernorm and config.cross_kv_proj == "fp16"
-    return "absorbed" if fits and cross_absorbed_mma.supported(p.device, p.dtype, model.dims.n_audio_state) else "fp16"
+    kernel = config.absorbable and cross_absorbed_mma.supported(p.device, p.dtype, model.dims.n_audio_state)
+    return "absorbed" if kernel else "fp16"

@@ -149,8 +149,8 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()  # a view counted once
                     for t in [*decoder.parameters(), *decoder.buffers()]}
         dec_bytes = sum(storages.values())
-        kv = KVCache.bytes_per_slot(loaded.dims, runner.cache.layers[0].self_k.element_size(), runner.cache.cross_format,
-                                    self_len=(before + after) / 2 + 1)
+        kv = KVCache.bytes_per_slot(loaded.dims, runner.cache.layers[0].self_k.element_size(), runner.cache.read_format(b),
+                                    self_len=(before + after) / 2 + 1)  # a hybrid cache: the format this bucket reads
         floor = 1000 * (dec_bytes + b * kv) / (ceil["copy_GBps"] * 1e9)
         for r in rows:
             if r["windows"] == n:

@@ -18,11 +18,11 @@ from typing import Literal
 
 SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
-CacheFormat = Literal["auto", "fp16", "fp8", "int4", "absorbed"]
-CACHE_FORMATS = ("fp16", "fp8", "int4", "absorbed")  # the cross cache's storage (model/whisper.py, LayerKV)
+CacheFormat = Literal["auto", "fp16", "fp8", "int4", "absorbed", "hybrid"]
+CACHE_FORMATS = ("fp16", "fp8", "int4", "absorbed", "hybrid")  # the cross cache's storage (model/whisper.py, LayerKV)
 CACHE_CHOICES = ("auto", *CACHE_FORMATS)  # what PrecisionConfig.cross_kv_cache takes ("auto": model/fused.py decides)
 _SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
-_INTS = ("fp8_min_width",)  # every field in neither tuple is a site
+_INTS = ("fp8_min_width", "hybrid_kv_slots")  # every field in neither tuple is a site
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,20 @@ class PrecisionConfig:
     states X [1500, D] once for every layer, and the step folds the K projection into the query and
     the V projection into the output (one read of X a layer: half fp16 K/V's bytes, 1/64 the memory,
     no cross-K/V projection at admission); needs an fp16 `cross_kv_proj` (its weights are applied per
-    step). "auto" (opt-in; it loses to fp16 K/V at 1-8 windows, docs/benchmarks.md session 24): "absorbed"
-    where its tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py: CUDA, fp16, sm80+, widths a multiple
-    of 128 up to 1280) and `absorbable`, else "fp16" (`streamer.model.fused.cross_cache_format` decides)."""
+    step). "hybrid": the absorbed cache plus fp16 K/V for the first `hybrid_kv_slots` slots; a decoder
+    call whose slots all lie below that reads the K/V (cuDNN's attention, one kernel a layer: the
+    absorbed path's four lose at 1-8 rows, 0.76x at one large-v3 window on an H100, docs/benchmarks.md
+    session 24), a larger one reads X. "auto" (opt-in until the hybrid is measured on the H200):
+    "hybrid" where the absorbed path's tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py: CUDA,
+    fp16, sm80+, widths a multiple of 128 up to 1280) and `absorbable`, else "fp16"
+    (`streamer.model.fused.cross_cache_format` decides)."""
+
+    hybrid_kv_slots: int = 16
+    """A "hybrid" cross cache's slots with fp16 K/V too: decoder calls over slots below it (the steps
+    of up to this many sequences, graph buckets included) read K/V, larger ones the encoder states.
+    The absorbed path overtakes fp16 K/V between 8 and 32 large-v3 windows (H100, session 24).
+    K/V cost 64x X's memory (245 MB a large-v3 slot); they are projected from X when a call first
+    needs them (`TextDecoder.fill_cross_kv`), so a busy engine does not pay that projection."""
 
     cross_kv_epilogue: bool = False
     """With an FP8 cross cache and an fp16 `cross_kv` linear: True: the projection is a Triton GEMM
@@ -110,8 +121,9 @@ class PrecisionConfig:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
         if not self.use_fused_layernorm and self.cross_kv_cache not in ("fp16", "auto"):  # only the fused blocks read it
             raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs use_fused_layernorm=True")
-        if self.cross_kv_cache == "absorbed" and not self.absorbable:  # unfused was refused above
-            raise ValueError("an absorbed cross_kv_cache needs cross_kv_proj='fp16' (its weights fold into each step)")
+        if self.cross_kv_cache in ("absorbed", "hybrid") and not self.absorbable:  # unfused was refused above
+            raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs cross_kv_proj='fp16' (its weights fold into "
+                             "each step)")
 
     @property
     def absorbable(self) -> bool:

@@ -29,14 +29,18 @@ def clips(manifest):
     return [decode_audio(r["audio"]) for r in rows]
 
 
-def _run(precision, clips):
+def _run(precision, clips, check=None):
+    """Greedy results of `clips` through an engine with `precision`; `check(engine)` after them."""
     engine = Engine(load_model("tiny.en"), EngineConfig(max_slots=8), precision=precision)
 
     async def main():
         return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,))) for a in clips))
 
     try:
-        return asyncio.run(main())
+        results = asyncio.run(main())
+        if check is not None:
+            check(engine)
+        return results
     finally:
         engine.close()
 
@@ -226,8 +230,65 @@ def test_absorbed_cross_cache_gives_the_fp16_caches_hidden_states_and_alignment_
         get_preset("mixed_fp8:cross_kv_cache=absorbed:cross_kv_proj=fp8")
 
 
-def test_auto_cross_cache_is_absorbed_only_where_the_tensor_core_kernel_runs():
-    """An "auto" cross cache is the absorbed cache where cuda_ops/cross_absorbed_mma.py runs (CUDA,
+def test_hybrid_cross_cache_reads_kv_below_its_pool_and_the_encoder_states_above(clips):
+    """A hybrid cache (`kv_slots`=2 of 4): calls over slots below 2 read fp16 K/V, projected from X
+    when first needed (`fill_cross_kv`), bit for bit the fp16 cache's; larger calls read X, as the
+    absorbed cache does. Compaction carries K/V between pool slots and marks a pool slot filled from
+    above the pool missing; a step whose bucket passes the pool projects nothing."""
+    dims = load_model("tiny.en").dims
+    model = apply_precision(load_model("tiny.en").model, get_preset("full_fp16"))
+    mel = log_mel_spectrogram(list(clips[:3]), dims.n_mels)
+    tokens = torch.tensor([[50257, 50362, 383], [50257, 50362, 314], [50257, 50362, 887]])
+    positions = torch.arange(3).expand(3, 3)
+    with torch.inference_mode():
+        features = model.encoder(mel)
+        caches = {fmt: KVCache(dims, 4, cross_format=fmt, kv_slots=2) for fmt in ("fp16", "absorbed", "hybrid")}
+        for cache in caches.values():
+            model.decoder.write_cross_kv(features, cache, 0)
+        hybrid = caches["hybrid"]
+        assert hybrid.missing == {0, 1} and hybrid.layers[0].cross_k.shape[0] == 2 and hybrid.cross_x.shape[0] == 4
+        assert [hybrid.read_format(n) for n in (1, 2, 3)] == ["fp16", "fp16", "absorbed"]
+        assert hybrid.missing_runs(slice(0, 1), stop=4) == [] and hybrid.missing_runs(slice(1, 2)) == [slice(1, 2)]
+        model.decoder.fill_cross_kv(hybrid, slice(0, 2))
+        assert not hybrid.missing
+        for ours, ref in zip(hybrid.layers, caches["fp16"].layers):
+            assert ours.cross_k.equal(ref.cross_k[:2]) and ours.cross_v.equal(ref.cross_v[:2])
+        out = {fmt: (model.decoder(tokens[:2], positions[:2], 0, c), model.decoder(tokens, positions, 0, c))
+               for fmt, c in caches.items()}
+        assert out["hybrid"][0].equal(out["fp16"][0])  # two rows: the K/V path
+        assert out["hybrid"][1].equal(out["absorbed"][1])  # three: X
+        torch.testing.assert_close(out["hybrid"][1], out["fp16"][1], rtol=1e-3, atol=1e-3)
+        # compaction: slot 1 -> 0 carries its K/V; slot 2 (above the pool) -> 1 leaves slot 1 missing
+        k1 = hybrid.layers[0].cross_k[1].clone()
+        hybrid.move_rows(torch.tensor([1, 2]), torch.tensor([0, 1]), 3, pairs=[(1, 0), (2, 1)])
+        assert hybrid.layers[0].cross_k[0].equal(k1) and hybrid.missing == {1}
+        assert hybrid.cross_x[1].equal(features[2])
+        model.decoder.fill_cross_kv(hybrid, slice(0, 2))
+        assert hybrid.layers[0].cross_k[1].equal(caches["fp16"].layers[0].cross_k[2]) and not hybrid.missing
+        with pytest.raises(ValueError, match="needs the moves on the host"):
+            hybrid.move_rows(torch.tensor([1]), torch.tensor([0]), 3)
+    assert KVCache.bytes_per_slot(dims, 2, "hybrid") == KVCache.bytes_per_slot(dims, 2, "absorbed")
+    assert KVCache.pool_bytes(dims, 2, "hybrid", 3) == 3 * KVCache.bytes_per_slot(dims, 2, "fp16", self_len=0)
+    assert KVCache.pool_bytes(dims, 2, "absorbed", 3) == 0
+    with pytest.raises(ValueError, match="hybrid cross_kv_cache needs cross_kv_proj='fp16'"):
+        get_preset("full_fp16:cross_kv_cache=hybrid:cross_kv_proj=fp8")
+
+
+def test_a_hybrid_engine_decodes_as_the_plain_model_through_both_paths(clips, plain):
+    """Four windows through an engine whose hybrid cache has K/V for two slots: steps of four rows read
+    X, those of two or fewer (once windows end, rows moved into the pool) K/V projected then; the
+    greedy tokens are the plain model's."""
+    def check(engine):
+        cache = engine.runner.cache
+        assert cache.cross_format == "hybrid" and cache.kv_slots == 2
+        assert not cache.missing  # every pool slot was projected for a step of two rows or fewer
+
+    results = _run("full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=2", clips, check)
+    assert [r.tokens for r in results] == [r.tokens for r in plain]
+
+
+def test_auto_cross_cache_is_hybrid_only_where_the_tensor_core_kernel_runs():
+    """An "auto" cross cache is the hybrid cache (absorbed with an fp16 K/V pool) where cuda_ops/cross_absorbed_mma.py runs (CUDA,
     fp16, widths a multiple of 128 up to 1280), fp16 K/V elsewhere (the CPU here); a format asked for
     by name is kept as it is."""
     from streamer.model.fused import cross_cache_format
@@ -243,7 +304,7 @@ def test_auto_cross_cache_is_absorbed_only_where_the_tensor_core_kernel_runs():
     if not torch.cuda.is_available():
         return
     half = Whisper(dims).to("cuda", torch.float16)
-    assert cross_cache_format(half, get_preset(auto)) == "absorbed"
+    assert cross_cache_format(half, get_preset(auto)) == "hybrid"
     assert cross_cache_format(half, get_preset("full_fp16")) == "fp16"
     assert cross_cache_format(half, get_preset(auto + ":cross_kv_proj=fp8")) == "fp16"  # its weights fold per step
     assert cross_cache_format(half, get_preset(auto + ":use_fused_layernorm=0")) == "fp16"

@@ -107,7 +107,7 @@ class Engine:
         the plain PyTorch model. `cpu_threads`: intra-op threads of the model thread on the CPU
         (None: torch's current setting). `cpu_encoder`: the encoder's dtype on the CPU
         (`ModelConfig.cpu_encoder`; the plain float32 model by default here, `auto` from `load`)."""
-        cross_format = "fp16"
+        cross_format, kv_slots = "fp16", 0
         # A model off the CPU (or float32 asked) comes back as it is.
         loaded = dataclasses.replace(loaded, model=with_cpu_encoder(loaded.model, resolve_cpu_encoder(cpu_encoder)))
         if precision is not None:
@@ -116,16 +116,16 @@ class Engine:
 
             preset = get_preset(precision)
             loaded = dataclasses.replace(loaded, model=apply_precision(loaded.model, preset))  # the caller's model stays as it was
-            cross_format = cross_cache_format(loaded.model, preset)
+            cross_format, kv_slots = cross_cache_format(loaded.model, preset), preset.hybrid_kv_slots
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config
         self.precision = precision
         device = next(loaded.model.parameters()).device
-        slots, enc_batch = self._limits(loaded, config, device, cross_format)
+        slots, enc_batch = self._limits(loaded, config, device, cross_format, kv_slots)
         self.runner = Runner(loaded, slots, config.max_new_tokens, config.cuda_graphs, cross_format,
                              config.overlap_encoder, config.decode_priority, config.encoder_graphs,
-                             config.async_steps, config.step_sms)
+                             config.async_steps, config.step_sms, kv_slots)
         self.cpu_threads = cpu_threads or torch.get_num_threads()
         self.runner.warmup()  # CUDA graphs captured before serving, not on the first busy step
         if self.runner.device.type == "cuda":
@@ -219,7 +219,8 @@ class Engine:
         return 0 if self.runner.device.type == "cpu" else 1
 
     @staticmethod
-    def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_format: str) -> tuple[int, int]:
+    def _limits(loaded: LoadedModel, config: EngineConfig, device: torch.device, cross_format: str,
+                kv_slots: int = 0) -> tuple[int, int]:
         """Decoder slots and encoder batch: given, or sized from the device's memory budget."""
         if device.type != "cuda":
             return config.max_slots or 16, config.max_encoder_batch or 4
@@ -231,6 +232,7 @@ class Engine:
         per_window = 8 * d.n_audio_ctx * 4 * d.n_audio_state * itemsize
         enc_batch = config.max_encoder_batch or 16
         usable = 0.85 * budget - enc_batch * per_window - 2 * 2**30  # graphs, logits, allocator slack
+        usable -= KVCache.pool_bytes(d, itemsize, cross_format, kv_slots)
         slots = config.max_slots or int(max(1, min(512, usable // KVCache.bytes_per_slot(d, itemsize, cross_format))))
         return slots, enc_batch
 

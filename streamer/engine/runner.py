@@ -169,7 +169,8 @@ class StepResult:
 class Runner:
     def __init__(self, loaded: LoadedModel, n_slots: int, max_new_tokens: int = 224, cuda_graphs: bool = True,
                  cross_format: str = "fp16", overlap_encoder: bool = False, decode_priority: bool = True,
-                 encoder_graphs: bool = True, async_steps: bool | None = None, step_sms: int = 0):
+                 encoder_graphs: bool = True, async_steps: bool | None = None, step_sms: int = 0,
+                 kv_slots: int = 16):
         self.loaded = loaded
         self.model = loaded.model
         self.tok = loaded.tokenizer
@@ -178,7 +179,7 @@ class Runner:
         self.device, self.dtype = p.device, p.dtype
         self.n_slots = n_slots
         self.max_new_tokens = max_new_tokens
-        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_format=cross_format)
+        self.cache = KVCache(self.dims, n_slots, self.device, self.dtype, cross_format=cross_format, kv_slots=kv_slots)
         if self.device.type == "cpu":
             self.model = with_half_weights(self.model)
         self.state = SamplerState.allocate(n_slots, self.device)
@@ -478,7 +479,7 @@ class Runner:
             # step that may both be unread (async_steps).
             upto = min(max(len(self.slots[m].initial) + len(self.slots[m].tokens) for m in movers) + 2,
                        self.dims.n_text_ctx)
-            self.cache.move_rows(src, dst, upto)
+            self.cache.move_rows(src, dst, upto, pairs=list(zip(movers, holes)))
             self.state.move_rows(src, dst)
             self.tokens_in[dst] = self.tokens_in[src]
             self.positions[dst] = self.positions[src]
@@ -580,12 +581,14 @@ class Runner:
                          self.dims.n_text_ctx)
             timestamps = any(s.request.options.timestamps for s in self.slots)
             shared = self._shared_cross(n) if self.device.type == "cpu" else None
+            self.model.decoder.fill_cross_kv(self.cache, slice(0, n))
             with attention_for("eager_step"):
                 return self._decode_rows(n, gumbel, kv_len, timestamps, shared=shared)
         b = min(self.bucket(n), self.n_slots)
         confined = self.step_part is not None and bool(self.encoding)  # an encoder pass runs beside it
         self.confined_steps += confined
         graph, tokens, logprobs, every = self._graph(b, confined)
+        self.model.decoder.fill_cross_kv(self.cache, slice(0, n), b)  # a hybrid cache's K/V that this bucket reads
         if any_hot:
             self._gumbel(self.gumbel[:b], self.slots)
         graph.replay()
@@ -716,6 +719,7 @@ class Runner:
         if widths is not None:
             audio_features = audio_features.repeat_interleave(widths, dim=0)
         self.model.decoder.write_cross_kv(audio_features, self.cache, lo)
+        self.model.decoder.fill_cross_kv(self.cache, slice(lo, lo + k))  # for the detection and prefill below
         seqs, inputs = prepared or self._prepare(expanded, lo)
         logits, no_speech = self._prefill(lo, inputs)
         self._sample_first(seqs, logits, no_speech, lo, inputs, out)

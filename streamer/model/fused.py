@@ -210,7 +210,7 @@ class FusedDecoderBlock(nn.Module):
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`: quantised in
         one pass over the projection (cuda_ops/cross_kv.py, cross_int4.py), or with the FP8 epilogue
         switch inside the projection's GEMM, where the fp16 projection never reaches memory."""
-        if layer.cross_format == "fp16":
+        if layer.cross_format in ("fp16", "hybrid"):
             DecoderBlock.write_cross_kv(self, audio_features, layer, s)
             return
         out = layer.cross_k[s], layer.cross_v[s], layer.cross_k_scale[s], layer.cross_v_scale[s]
@@ -307,10 +307,11 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
 
 def cross_cache_format(model: Whisper, config: PrecisionConfig) -> str:
     """The cross-attention cache format `config` gives `model` (on its device and dtype): its
-    `cross_kv_cache`, with "auto" resolved to "absorbed" where the tensor-core kernel runs (one read of
-    the encoder states a layer instead of K and V, 1/64 of fp16 K/V's memory), else "fp16"."""
+    `cross_kv_cache`, with "auto" resolved to "hybrid" where the absorbed path's tensor-core kernel runs
+    (from `hybrid_kv_slots` rows up one read of the encoder states a layer instead of K and V, 1/64 of
+    fp16 K/V's memory; below, fp16 K/V), else "fp16"."""
     if config.cross_kv_cache != "auto":
         return config.cross_kv_cache
     p = next(model.parameters())
     kernel = config.absorbable and cross_absorbed_mma.supported(p.device, p.dtype, model.dims.n_audio_state)
-    return "absorbed" if kernel else "fp16"
+    return "hybrid" if kernel else "fp16"

@@ -176,20 +176,23 @@ class LayerKV(nn.Module):
     - "int4": 4-bit codes [slots, H, n_audio_ctx, Dh / 2] uint8, K scales per tile and channel
       [slots, H, tiles, Dh] and V scales per position [slots, H, n_audio_ctx], fp16 (cuda_ops.cross_int4);
     - "absorbed": none of its own: every layer reads the windows' encoder states X [slots, n_audio_ctx, D],
-      held once by the `KVCache` (`shared_x`), through cuda_ops.cross_absorbed.
+      held once by the `KVCache` (`shared_x`), through cuda_ops.cross_absorbed;
+    - "hybrid": X as "absorbed", and fp16 K/V for the first `kv_slots` slots only: a call over slots
+      that all lie below `kv_slots` reads the K/V, any other X (`reads_kv`).
     """
 
     def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16",
-                 shared_x: Tensor | None = None):
+                 shared_x: Tensor | None = None, kv_slots: int = 0):
         super().__init__()
         if cross_format not in CACHE_FORMATS:
             raise ValueError(f"cross_format must be one of {CACHE_FORMATS}, got {cross_format!r}")
         h, dh, t = dims.n_text_head, dims.head_dim, dims.n_audio_ctx
         self.cross_format = cross_format
         self.shared_x = shared_x  # a plain attribute, not a buffer: the KVCache owns (and moves) it
+        self.kv_slots = kv_slots if cross_format == "hybrid" else 0
 
-        def make(t, width=dh, dtype=dtype):
-            return torch.zeros(n_slots, h, t, width, device=device, dtype=dtype)
+        def make(t, width=dh, dtype=dtype, slots=n_slots):
+            return torch.zeros(slots, h, t, width, device=device, dtype=dtype)
 
         tiles = -(-t // CROSS_SCALE_TILE)
         cross = {
@@ -200,6 +203,7 @@ class LayerKV(nn.Module):
                              torch.ones(n_slots, h, tiles, dh, device=device, dtype=torch.float16),
                              torch.ones(n_slots, h, t, device=device, dtype=torch.float16)),
             "absorbed": lambda: (None, None, None, None),
+            "hybrid": lambda: (make(t, slots=self.kv_slots), make(t, slots=self.kv_slots), None, None),
         }[cross_format]()
         # Registered (not persistent: state, not weights), so that `.to()` and `buffers()` see them.
         buffers = {"self_k": make(dims.n_text_ctx), "self_v": make(dims.n_text_ctx),
@@ -214,11 +218,15 @@ class LayerKV(nn.Module):
     def cross(self, s: slice) -> tuple:
         """(k, v, k_scale, v_scale) of slots `s`; the scales are None for fp16/fp32 K/V. Absorbed:
         (X of slots `s` [B, n_audio_ctx, D], None, None, None): a block knows it by v being None."""
-        if self.cross_format == "absorbed":
+        if self.cross_format == "absorbed" or (self.cross_format == "hybrid" and not self.reads_kv(s)):
             return self.shared_x[s], None, None, None
-        if self.cross_format == "fp16":
+        if self.cross_format in ("fp16", "hybrid"):
             return self.cross_k[s], self.cross_v[s], None, None
         return self.cross_k[s], self.cross_v[s], self.cross_k_scale[s], self.cross_v_scale[s]
+
+    def reads_kv(self, s: slice) -> bool:
+        """Whether a hybrid layer's call over slots `s` reads its K/V (all of `s` below `kv_slots`)."""
+        return s.stop <= self.kv_slots
 
 
 def _as_words(t: Tensor) -> Tensor:
@@ -243,33 +251,91 @@ def copy_words(dst: Tensor, src: Tensor) -> None:
 
 
 class KVCache(nn.Module):
-    """Per-slot decoder state, one `LayerKV` per decoder layer, allocated once."""
+    """Per-slot decoder state, one `LayerKV` per decoder layer, allocated once.
 
-    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16"):
+    A "hybrid" cache keeps, on the host, which of its first `kv_slots` slots lack K/V (`missing`):
+    X is written at admission, K/V are projected from it only when a call that reads them comes
+    (`TextDecoder.fill_cross_kv`), and compaction carries them where it can."""
+
+    def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16",
+                 kv_slots: int = 16):
         super().__init__()
         self.n_slots = n_slots
         self.cross_format = cross_format
+        self.kv_slots = min(kv_slots, n_slots) if cross_format == "hybrid" else 0
+        self.missing = set(range(self.kv_slots))
         x = None
-        if cross_format == "absorbed":  # one copy of each window's encoder states for every layer
+        if cross_format in ("absorbed", "hybrid"):  # one copy of each window's encoder states for every layer
             x = torch.zeros(n_slots, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype)
         self.register_buffer("cross_x", x, persistent=False)
-        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_format, x)
+        self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_format, x, self.kv_slots)
                                     for _ in range(dims.n_text_layer))
 
-    def write_x(self, audio_features: Tensor, s: slice) -> None:
-        """An absorbed cache's windows: `audio_features` [B, 1500, D] into slots `s`."""
-        copy_words(self.cross_x[s], audio_features)
+    def read_format(self, stop: int) -> str:
+        """The format a call over slots [..., stop) reads: a hybrid cache's "fp16" or "absorbed"."""
+        if self.cross_format != "hybrid":
+            return self.cross_format
+        return "fp16" if stop <= self.kv_slots else "absorbed"
 
-    def move_rows(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
+    def write_x(self, audio_features: Tensor, s: slice) -> None:
+        """An absorbed or hybrid cache's windows: `audio_features` [B, 1500, D] into slots `s` (a hybrid
+        cache's K/V of those slots are now stale)."""
+        copy_words(self.cross_x[s], audio_features)
+        self.missing.update(range(s.start, min(s.stop, self.kv_slots)))
+
+    def missing_runs(self, s: slice, stop: int | None = None) -> list[slice]:
+        """The runs of slots in `s` whose K/V are missing, if a call over slots [..., `stop`) reads K/V
+        (`stop`: a captured step's bucket, past the live rows `s`; by default `s.stop`)."""
+        if self.read_format(s.stop if stop is None else stop) != "fp16" or not self.kv_slots:
+            return []
+        runs: list[slice] = []
+        for i in sorted(self.missing.intersection(range(s.start, s.stop))):
+            if runs and runs[-1].stop == i:
+                runs[-1] = slice(runs[-1].start, i + 1)
+            else:
+                runs.append(slice(i, i + 1))
+        return runs
+
+    def move_rows(self, src: Tensor, dst: Tensor, upto: int | None = None,
+                  pairs: list[tuple[int, int]] | None = None) -> None:
         """Copy slots `src` into slots `dst` (compaction when sequences leave; the two disjoint): the
         cross K/V and scales whole, the self-attention K/V positions [0, upto) only (the rest is
-        unwritten: 448 positions of a large-v3 slot are 73 MB, ~100 used are 17)."""
+        unwritten: 448 positions of a large-v3 slot are 73 MB, ~100 used are 17). A hybrid cache
+        needs the moves on the host too (`pairs`, (src, dst)): its K/V go only where both slots hold
+        them; a slot below `kv_slots` filled from above it is marked missing."""
+        pool = self._pool_moves(src, dst, pairs)
         for name, b in self.named_buffers():  # every layer's, and an absorbed cache's X
             w = _as_words(b)
-            if name.split(".")[-1].startswith("self_"):
+            leaf = name.split(".")[-1]
+            if leaf.startswith("self_"):
                 w[dst, :, :upto] = w[src, :, :upto]
+            elif self.kv_slots and leaf in ("cross_k", "cross_v"):
+                if pool is not None:
+                    w[pool[1]] = w[pool[0]]
             else:
                 w[dst] = w[src]
+
+    def _pool_moves(self, src: Tensor, dst: Tensor, pairs: list[tuple[int, int]] | None) -> tuple[Tensor, Tensor] | None:
+        """The moves that carry a hybrid cache's K/V, (src, dst) on the device, or None; `missing`
+        updated for every move into the K/V slots."""
+        if not self.kv_slots:
+            return None
+        if pairs is None:
+            raise ValueError("a hybrid cache's move_rows needs the moves on the host (pairs)")
+        carried = []
+        for a, b in pairs:
+            if b >= self.kv_slots:
+                continue
+            if a < self.kv_slots and a not in self.missing:
+                carried.append((a, b))
+                self.missing.discard(b)
+            else:
+                self.missing.add(b)
+        if not carried:
+            return None
+        if len(carried) == len(pairs):  # every move within the K/V slots (a light load): the given tensors
+            return src, dst
+        return tuple(torch.tensor(list(c), device=src.device) for c in zip(*carried))
 
     def copy_slots(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
         """Self-attention K/V of slots `src` into slots `dst` (beam search reordering), positions
@@ -284,13 +350,21 @@ class KVCache(nn.Module):
         (the self-attention's valid positions only; every cross position, scales included; an absorbed
         cache's X is stored once and read by every layer)."""
         # The cross buffers as LayerKV allocates them (on the meta device: shapes only, no memory).
+        # A hybrid cache's K/V are a fixed pool (`pool_bytes`), not a slot's.
         layer = LayerKV(dims, 1, "meta", {2: torch.float16, 4: torch.float32}[itemsize], cross_format)
         cross = sum(b.numel() * b.element_size() for name, b in layer.named_buffers() if name.startswith("cross"))
-        x = dims.n_audio_ctx * dims.n_audio_state * itemsize if cross_format == "absorbed" else 0
+        x = dims.n_audio_ctx * dims.n_audio_state * itemsize if cross_format in ("absorbed", "hybrid") else 0
         x_copies = 1 if self_len is None else dims.n_text_layer  # held once; read by every layer
         self_len = dims.n_text_ctx if self_len is None else self_len
         per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross
         return int(per_layer * dims.n_text_layer + x * x_copies)
+
+    @staticmethod
+    def pool_bytes(dims: ModelDims, itemsize: int, cross_format: str, kv_slots: int) -> int:
+        """A hybrid cache's fp16 K/V slots, held whatever the slot count (0 for any other format)."""
+        if cross_format != "hybrid":
+            return 0
+        return kv_slots * 2 * dims.n_text_layer * dims.n_audio_ctx * dims.n_text_state * itemsize
 
 
 class PassCache:
@@ -378,7 +452,7 @@ class DecoderBlock(nn.Module):
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`."""
-        if layer.cross_format != "fp16":
+        if layer.cross_format not in ("fp16", "hybrid"):
             raise ValueError(f"a {layer.cross_format} cross cache is written by the fused blocks (model/fused.py), "
                              "not the plain ones")
         k, v = project_cross_kv(self, audio_features)
@@ -406,13 +480,23 @@ class TextDecoder(nn.Module):
         self.proj = TiedProjection()
 
     def write_cross_kv(self, audio_features: Tensor, cache: KVCache, start: int) -> None:
-        """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B)."""
+        """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B) (an
+        absorbed or hybrid cache: the encoder states themselves, once for every layer)."""
         s = slice(start, start + audio_features.shape[0])
-        if cache.cross_format == "absorbed":  # the encoder states themselves, once for every layer
+        if cache.cross_format in ("absorbed", "hybrid"):
             cache.write_x(audio_features, s)
             return
         for block, layer in zip(self.blocks, cache.layers):
             block.write_cross_kv(audio_features, layer, s)
+
+    def fill_cross_kv(self, cache: KVCache, s: slice, stop: int | None = None) -> None:
+        """Before a call over slots `s` (up to `stop`: a captured step's bucket): a hybrid cache's K/V
+        that the call reads and that are missing, projected from the slots' X (a no-op for every
+        other format and call)."""
+        for run in cache.missing_runs(s, stop):
+            for block, layer in zip(self.blocks, cache.layers):
+                block.write_cross_kv(cache.cross_x[run], layer, run)
+            cache.missing.difference_update(range(run.start, run.stop))
 
     def forward(self, tokens: Tensor, positions: Tensor, start: int, cache: KVCache | PassCache,
                 kv_len: int | None = None, cross_qk_heads: list[tuple[int, int]] | None = None,

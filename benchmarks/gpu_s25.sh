@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Session 24 (issue 15): the cross cache "auto" (the absorbed cache where the tensor-core kernel runs,
-# cuda_ops/cross_absorbed_mma.py), the candidate for full_fp16's default, against fp16 K/V, in one call.
+# Sessions 24-25 (issue 15): the cross cache "auto" (session 25: the hybrid cache, absorbed where the
+# tensor-core kernel runs, cuda_ops/cross_absorbed_mma.py, with fp16 K/V for steps of up to 16 rows), the
+# candidate for full_fp16's default, against fp16 K/V, in one call.
 # Needs the tree and .carry/inputs (python benchmarks/make_gpu_inputs.py --no-base):
-#   run(command="bash benchmarks/gpu_s24.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200",
+#   run(command="bash benchmarks/gpu_s25.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200",
 #       needs_h200=True)   # fp16 K/V of 256 large-v3 windows do not fit an H100's 78 GiB
 # 1. CUDA tests: the absorbed kernels (mma with 2-tile spans, the prefill GEMMs) against the fp32 reference,
 #    `cross_cache_format` on CUDA;
 # 2. bench_engine, large-v3 shape, 100 forced tokens a window, no transformers: full_fp16 (fp16 K/V) against
-#    full_fp16:cross_kv_cache=auto (absorbed where the kernel runs) at BATCHES (H200: 1,8,32,128,256; else
-#    1,8,32,128); on an H200 against every recorded bench_engine*_h200.json (--baseline: rows > 10 % slower flagged);
+#    full_fp16:cross_kv_cache=auto (hybrid where the kernel runs) at BATCHES (H200: 1,8,16,32,128,256; else
+#    1,8,16,32,128); on an H200 against every recorded bench_engine*_h200.json (--baseline: rows > 10 % slower flagged);
 # 3. probe_absorbed.py at PROBE_ROWS (one layer: cuDNN over K/V against the absorbed path), if time is left.
-# Env: BATCHES, SHAPES (large-v3), PROBE_ROWS (256,128,32,8,1), SKIP_TESTS=1, BUDGET_S (570).
+# Env: BATCHES, PRECISIONS (full_fp16,full_fp16:cross_kv_cache=auto), SHAPES (large-v3), PROBE_ROWS (256,128,32,8,1), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-570}
@@ -20,20 +21,20 @@ gpu_facts
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS
   timeout $(cap 120 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \
-    tests/test_fused.py -k "mma or gemm or auto_cross" 2>&1 | tail -8 | tee "$OUT/cuda_tests.log"
+    tests/test_fused.py -k "mma or gemm or auto_cross or hybrid" 2>&1 | tail -8 | tee "$OUT/cuda_tests.log"
   echo "tests $((SECONDS - t)) s"
 fi
 baselines=""
 case $name in
-  *H200*) batches=${BATCHES:-1,8,32,128,256}
+  *H200*) batches=${BATCHES:-1,8,16,32,128,256}
           for f in benchmarks/results/bench_engine*_h200.json; do baselines="$baselines --baseline ../$f"; done ;;
-  *) batches=${BATCHES:-1,8,32,128} ;;
+  *) batches=${BATCHES:-1,8,16,32,128} ;;
 esac
 t=$SECONDS
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 400 60) python3 bench_engine.py \
   --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --shapes "${SHAPES:-large-v3}" \
-  --batches "$batches" --hf-batches "" --precisions full_fp16,full_fp16:cross_kv_cache=auto $baselines \
-  --out "bench_engine_s24_${card:-gpu}.json") 2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine.log"
+  --batches "$batches" --hf-batches "" --precisions "${PRECISIONS:-full_fp16,full_fp16:cross_kv_cache=auto}" $baselines \
+  --out "bench_engine_s25_${card:-gpu}.json") 2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine.log"
 echo "engine rc=${PIPESTATUS[0]} (3: rows > 10 % slower than a baseline) $((SECONDS - t)) s"
 tail -45 "$OUT/bench_engine.log"
 if (( $(left) > 50 )); then

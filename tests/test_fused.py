@@ -287,6 +287,35 @@ def test_a_hybrid_engine_decodes_as_the_plain_model_through_both_paths(clips, pl
     assert [r.tokens for r in results] == [r.tokens for r in plain]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, the mma kernel)")
+def test_a_hybrid_engine_on_cuda_transcribes_as_fp16_kv(clips):
+    """On CUDA (captured steps: a bucket of up to `hybrid_kv_slots` rows reads K/V filled before its
+    replay, a larger one X through the tensor-core kernel): the hybrid engine's greedy transcripts of
+    four windows are full_fp16's, up to fp16 rounding (at most two words a window), and every pool
+    slot was projected."""
+    loaded = load_model("tiny.en", "cuda", torch.float16)
+    texts = {}
+    for precision in ("full_fp16", "full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=2"):
+        engine = Engine(loaded, EngineConfig(max_slots=8), precision=precision)
+
+        async def main():
+            return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,))) for a in clips))
+
+        try:
+            texts[precision] = [r.text for r in asyncio.run(main())]
+            cache = engine.runner.cache
+            assert cache.cross_format == ("fp16" if precision == "full_fp16" else "hybrid") and not cache.missing
+        finally:
+            engine.close()
+    for ours, ref in zip(*texts.values()):
+        a, b = ours.split(), ref.split()
+        edits = [[max(i, j) if not i * j else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+        for i in range(1, len(a) + 1):
+            for j in range(1, len(b) + 1):
+                edits[i][j] = min(edits[i - 1][j] + 1, edits[i][j - 1] + 1, edits[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+        assert ours and edits[-1][-1] <= 2, (ref, ours)
+
+
 def test_auto_cross_cache_is_hybrid_only_where_the_tensor_core_kernel_runs():
     """An "auto" cross cache is the hybrid cache (absorbed with an fp16 K/V pool) where cuda_ops/cross_absorbed_mma.py runs (CUDA,
     fp16, widths a multiple of 128 up to 1280), fp16 K/V elsewhere (the CPU here); a format asked for

@@ -335,7 +335,10 @@ class KVCache(nn.Module):
             return None
         if len(carried) == len(pairs):  # every move within the K/V slots (a light load): the given tensors
             return src, dst
-        return tuple(torch.tensor(list(c), device=src.device) for c in zip(*carried))
+        moves = torch.tensor(carried).t()
+        if src.device.type == "cuda":  # through pinned memory: a pageable copy would wait for the queued steps
+            moves = moves.pin_memory()
+        return tuple(moves.to(src.device, non_blocking=True))
 
     def copy_slots(self, src: Tensor, dst: Tensor, upto: int | None = None) -> None:
         """Self-attention K/V of slots `src` into slots `dst` (beam search reordering), positions

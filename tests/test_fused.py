@@ -275,17 +275,28 @@ def test_hybrid_cross_cache_reads_kv_below_its_pool_and_the_encoder_states_above
         get_preset("full_fp16:cross_kv_cache=hybrid:cross_kv_proj=fp8")
 
 
-def test_a_hybrid_engine_decodes_as_the_plain_model_through_both_paths(clips, plain):
-    """Four windows through an engine whose hybrid cache has K/V for two slots: steps of four rows read
-    X, those of two or fewer (once windows end, rows moved into the pool) K/V projected then; the
-    greedy tokens are the plain model's."""
-    def check(engine):
-        cache = engine.runner.cache
-        assert cache.cross_format == "hybrid" and cache.kv_slots == 2
-        assert not cache.missing  # every pool slot was projected for a step of two rows or fewer
+def test_a_hybrid_engine_decodes_as_fp16_kv_through_both_paths(clips):
+    """Four windows, two of them beam searches of width 3 (eight rows), through an engine whose hybrid
+    cache has K/V for three slots: steps of more than three rows read X (beam groups straddle the pool's
+    end), those of three or fewer (once windows end, rows moved into the pool) K/V projected then; the
+    tokens are full_fp16's (fp16 K/V throughout)."""
+    tokens = {}
+    for precision in ("full_fp16", "full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=3"):
+        engine = Engine(load_model("tiny.en"), EngineConfig(max_slots=12), precision=precision)
 
-    results = _run("full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=2", clips, check)
-    assert [r.tokens for r in results] == [r.tokens for r in plain]
+        async def main():
+            return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,), beam_size=1 + 2 * (i % 2)))
+                                          for i, a in enumerate(clips)))
+
+        try:
+            tokens[precision] = [r.tokens for r in asyncio.run(main())]
+            cache = engine.runner.cache
+            assert cache.kv_slots == (3 if "hybrid" in precision else 0)
+            assert not cache.missing  # every pool slot was projected for a step of three rows or fewer
+        finally:
+            engine.close()
+    ours, ref = tokens.values()
+    assert ours == ref
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, the mma kernel)")

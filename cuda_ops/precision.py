@@ -20,6 +20,8 @@ SiteDtype = Literal["fp16", "fp8"]
 _SITE_DTYPES = ("fp16", "fp8")
 CacheFormat = Literal["auto", "fp16", "fp8", "int4", "absorbed", "hybrid"]
 CACHE_FORMATS = ("fp16", "fp8", "int4", "absorbed", "hybrid")  # the cross cache's storage (model/whisper.py, LayerKV)
+X_FORMATS = ("absorbed", "hybrid")  # the formats that hold each window's encoder states X
+FP16_KV_FORMATS = ("fp16", "hybrid")  # the formats with fp16 K/V (a hybrid cache's for its first slots)
 CACHE_CHOICES = ("auto", *CACHE_FORMATS)  # what PrecisionConfig.cross_kv_cache takes ("auto": model/fused.py decides)
 _SWITCHES = ("cross_kv_epilogue", "use_fused_layernorm")  # the bool fields
 _INTS = ("fp8_min_width", "hybrid_kv_slots")  # every field in neither tuple is a site
@@ -121,7 +123,7 @@ class PrecisionConfig:
             raise ValueError("FP8 sites fed by a LayerNorm need use_fused_layernorm=True")
         if not self.use_fused_layernorm and self.cross_kv_cache not in ("fp16", "auto"):  # only the fused blocks read it
             raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs use_fused_layernorm=True")
-        if self.cross_kv_cache in ("absorbed", "hybrid") and not self.absorbable:  # unfused was refused above
+        if self.cross_kv_cache in X_FORMATS and not self.absorbable:  # unfused was refused above
             raise ValueError(f"an {self.cross_kv_cache} cross_kv_cache needs cross_kv_proj='fp16' (its weights fold into "
                              "each step)")
 

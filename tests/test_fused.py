@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 
 import pytest
 import torch
@@ -319,13 +320,10 @@ def test_a_hybrid_engine_on_cuda_transcribes_as_fp16_kv(clips):
             assert cache.cross_format == ("fp16" if precision == "full_fp16" else "hybrid") and not cache.missing
         finally:
             engine.close()
-    for ours, ref in zip(*texts.values()):
-        a, b = ours.split(), ref.split()
-        edits = [[max(i, j) if not i * j else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
-        for i in range(1, len(a) + 1):
-            for j in range(1, len(b) + 1):
-                edits[i][j] = min(edits[i - 1][j] + 1, edits[i][j - 1] + 1, edits[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
-        assert ours and edits[-1][-1] <= 2, (ref, ours)
+    for ours, ref in zip(*texts.values()):  # word edits by difflib (jiwer is not on the GPU machine)
+        ops = difflib.SequenceMatcher(a=ref.split(), b=ours.split(), autojunk=False).get_opcodes()
+        edits = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
+        assert ours and edits <= 2, (ref, ours)
 
 
 def test_auto_cross_cache_is_hybrid_only_where_the_tensor_core_kernel_runs():

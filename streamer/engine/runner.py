@@ -574,6 +574,8 @@ class Runner:
         their log-probabilities and every token's, on the device, covering at least n rows (a
         graph's until its next replay)."""
         any_hot = any(s.request.temperature > 0 for s in self.slots)
+        b = min(self.bucket(n), self.n_slots) if self.use_graphs else n  # the rows the step reads
+        self.model.decoder.fill_cross_kv(self.cache, slice(0, n), b)  # a hybrid cache's K/V that it reads
         if not self.use_graphs:
             gumbel = self._gumbel(torch.zeros(n, self.dims.n_vocab, device=self.device), self.slots) if any_hot else None
             # Past every row's position (a sequence that ended at an unread step is one ahead).
@@ -581,14 +583,11 @@ class Runner:
                          self.dims.n_text_ctx)
             timestamps = any(s.request.options.timestamps for s in self.slots)
             shared = self._shared_cross(n) if self.device.type == "cpu" else None
-            self.model.decoder.fill_cross_kv(self.cache, slice(0, n))
             with attention_for("eager_step"):
                 return self._decode_rows(n, gumbel, kv_len, timestamps, shared=shared)
-        b = min(self.bucket(n), self.n_slots)
         confined = self.step_part is not None and bool(self.encoding)  # an encoder pass runs beside it
         self.confined_steps += confined
         graph, tokens, logprobs, every = self._graph(b, confined)
-        self.model.decoder.fill_cross_kv(self.cache, slice(0, n), b)  # a hybrid cache's K/V that this bucket reads
         if any_hot:
             self._gumbel(self.gumbel[:b], self.slots)
         graph.replay()

@@ -24,7 +24,7 @@ from cuda_ops.decode_linear import linear
 from cuda_ops.fp8 import FP8Linear, bias_gelu, ffn_fp8
 from cuda_ops.kv_write import write_kv
 from cuda_ops.layernorm import layer_norm
-from cuda_ops.precision import PrecisionConfig
+from cuda_ops.precision import FP16_KV_FORMATS, PrecisionConfig
 from streamer.model.whisper import (AudioEncoder, DecoderBlock, EncoderBlock, LayerKV, StepIndex, TextDecoder, Whisper,
                                     _merge_heads, _split_heads, cross_qk, project_cross_kv, with_children)
 
@@ -210,7 +210,7 @@ class FusedDecoderBlock(nn.Module):
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`: quantised in
         one pass over the projection (cuda_ops/cross_kv.py, cross_int4.py), or with the FP8 epilogue
         switch inside the projection's GEMM, where the fp16 projection never reaches memory."""
-        if layer.cross_format in ("fp16", "hybrid"):
+        if layer.cross_format in FP16_KV_FORMATS:
             DecoderBlock.write_cross_kv(self, audio_features, layer, s)
             return
         out = layer.cross_k[s], layer.cross_v[s], layer.cross_k_scale[s], layer.cross_v_scale[s]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cuda_ops.precision import CACHE_FORMATS  # torch-free: the formats PrecisionConfig.cross_kv_cache takes
+from cuda_ops.precision import CACHE_FORMATS, FP16_KV_FORMATS, X_FORMATS  # torch-free: PrecisionConfig's cache formats
 
 CROSS_SCALE_TILE = 128
 """Positions per scale of an FP8 cross cache (= cuda_ops.attention.SCALE_TILE; tests check it)."""
@@ -178,7 +178,7 @@ class LayerKV(nn.Module):
     - "absorbed": none of its own: every layer reads the windows' encoder states X [slots, n_audio_ctx, D],
       held once by the `KVCache` (`shared_x`), through cuda_ops.cross_absorbed;
     - "hybrid": X as "absorbed", and fp16 K/V for the first `kv_slots` slots only: a call over slots
-      that all lie below `kv_slots` reads the K/V, any other X (`reads_kv`).
+      that all lie below `kv_slots` reads the K/V, any other X (`read_format`).
     """
 
     def __init__(self, dims: ModelDims, n_slots: int, device=None, dtype=None, cross_format: str = "fp16",
@@ -218,15 +218,19 @@ class LayerKV(nn.Module):
     def cross(self, s: slice) -> tuple:
         """(k, v, k_scale, v_scale) of slots `s`; the scales are None for fp16/fp32 K/V. Absorbed:
         (X of slots `s` [B, n_audio_ctx, D], None, None, None): a block knows it by v being None."""
-        if self.cross_format == "absorbed" or (self.cross_format == "hybrid" and not self.reads_kv(s)):
+        fmt = self.read_format(s.stop)
+        if fmt == "absorbed":
             return self.shared_x[s], None, None, None
-        if self.cross_format in ("fp16", "hybrid"):
+        if fmt == "fp16":
             return self.cross_k[s], self.cross_v[s], None, None
         return self.cross_k[s], self.cross_v[s], self.cross_k_scale[s], self.cross_v_scale[s]
 
-    def reads_kv(self, s: slice) -> bool:
-        """Whether a hybrid layer's call over slots `s` reads its K/V (all of `s` below `kv_slots`)."""
-        return s.stop <= self.kv_slots
+    def read_format(self, stop: int) -> str:
+        """The format a call over slots [..., stop) reads: a hybrid layer's "fp16" where all of them lie
+        below `kv_slots`, else "absorbed"; any other layer's own."""
+        if self.cross_format != "hybrid":
+            return self.cross_format
+        return "fp16" if stop <= self.kv_slots else "absorbed"
 
 
 def _as_words(t: Tensor) -> Tensor:
@@ -265,17 +269,15 @@ class KVCache(nn.Module):
         self.kv_slots = min(kv_slots, n_slots) if cross_format == "hybrid" else 0
         self.missing = set(range(self.kv_slots))
         x = None
-        if cross_format in ("absorbed", "hybrid"):  # one copy of each window's encoder states for every layer
+        if cross_format in X_FORMATS:  # one copy of each window's encoder states for every layer
             x = torch.zeros(n_slots, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype)
         self.register_buffer("cross_x", x, persistent=False)
         self.layers = nn.ModuleList(LayerKV(dims, n_slots, device, dtype, cross_format, x, self.kv_slots)
                                     for _ in range(dims.n_text_layer))
 
     def read_format(self, stop: int) -> str:
-        """The format a call over slots [..., stop) reads: a hybrid cache's "fp16" or "absorbed"."""
-        if self.cross_format != "hybrid":
-            return self.cross_format
-        return "fp16" if stop <= self.kv_slots else "absorbed"
+        """The format a call over slots [..., stop) reads (`LayerKV.read_format`)."""
+        return self.layers[0].read_format(stop)
 
     def write_x(self, audio_features: Tensor, s: slice) -> None:
         """An absorbed or hybrid cache's windows: `audio_features` [B, 1500, D] into slots `s` (a hybrid
@@ -356,7 +358,7 @@ class KVCache(nn.Module):
         # A hybrid cache's K/V are a fixed pool (`pool_bytes`), not a slot's.
         layer = LayerKV(dims, 1, "meta", {2: torch.float16, 4: torch.float32}[itemsize], cross_format)
         cross = sum(b.numel() * b.element_size() for name, b in layer.named_buffers() if name.startswith("cross"))
-        x = dims.n_audio_ctx * dims.n_audio_state * itemsize if cross_format in ("absorbed", "hybrid") else 0
+        x = dims.n_audio_ctx * dims.n_audio_state * itemsize if cross_format in X_FORMATS else 0
         x_copies = 1 if self_len is None else dims.n_text_layer  # held once; read by every layer
         self_len = dims.n_text_ctx if self_len is None else self_len
         per_layer = 2 * dims.n_text_head * dims.head_dim * self_len * itemsize + cross
@@ -455,7 +457,7 @@ class DecoderBlock(nn.Module):
 
     def write_cross_kv(self, audio_features: Tensor, layer: LayerKV, s: slice) -> None:
         """Cross-attention K/V of `audio_features` [B, 1500, D] into `layer`'s slots `s`."""
-        if layer.cross_format not in ("fp16", "hybrid"):
+        if layer.cross_format not in FP16_KV_FORMATS:
             raise ValueError(f"a {layer.cross_format} cross cache is written by the fused blocks (model/fused.py), "
                              "not the plain ones")
         k, v = project_cross_kv(self, audio_features)
@@ -486,7 +488,7 @@ class TextDecoder(nn.Module):
         """Cross-attention K/V of `audio_features` [B, 1500, D] into slots [start, start + B) (an
         absorbed or hybrid cache: the encoder states themselves, once for every layer)."""
         s = slice(start, start + audio_features.shape[0])
-        if cache.cross_format in ("absorbed", "hybrid"):
+        if cache.cross_format in X_FORMATS:
             cache.write_x(audio_features, s)
             return
         for block, layer in zip(self.blocks, cache.layers):

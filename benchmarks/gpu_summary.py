@@ -71,6 +71,10 @@ def main() -> None:
             ref = t.get("transformers", [])
             same = {k: sum(a.strip() == b.strip() for a, b in zip(v, ref)) for k, v in t.items() if k not in ("files", "transformers")}
             print(f"{name} greedy transcripts equal to transformers' (of {len(ref)}, stripped): {same}")
+            fp16 = t.get("full_fp16", [])
+            same = {k: sum(a.strip() == b.strip() for a, b in zip(v, fp16)) for k, v in t.items()
+                    if k not in ("files", "transformers", "full_fp16")}
+            print(f"{name} greedy transcripts equal to full_fp16's (of {len(fp16)}, stripped): {same}")
         for e in report.get("errors", []):
             print("ERROR", e)
     else:

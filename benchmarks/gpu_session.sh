@@ -13,7 +13,7 @@
 #   4. run(command="bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)
 # A second full run while the machine is warm: call 3 again, with env vars in front, e.g.
 #   run(command="SKIP_TESTS=1 PRECISIONS=full_fp16 bash benchmarks/gpu_session.sh", carry=[".carry/tiny_b"], timeout_s=600)
-# Env: SHAPES (large-v3,large-v3-turbo), BATCHES (1,32,128,256), HF_BATCHES (1,32,128; "" for none),
+# Env: SHAPES (large-v3,large-v3-turbo; "" for none: real weights only), BATCHES (1,32,128,256), HF_BATCHES (1,32,128; "" for none),
 #   PRECISIONS (full_fp16,mixed_fp8), REAL (tiny.en; "" for none), TESTS (the pytest targets),
 #   SKIP_TESTS=1, SKIP_PREFILL=1, ENGINE_OUT (bench_engine_issue15_h200.json), BUDGET_S (540).
 # Back in $OUT (flat): $ENGINE_OUT, bench_prefill_cuda.json, bench_engine.log, prefill.log,
@@ -44,7 +44,7 @@ for f in benchmarks/results/bench_engine*_h200.json; do baselines="$baselines --
 real=${REAL-tiny.en}
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 400 $([ -z "${SKIP_TESTS:-}" ] && echo 280 || echo 20)) \
   python3 bench_engine.py --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" \
-  ${real:+--real $real=$TINY} --shapes "${SHAPES:-large-v3,large-v3-turbo}" --batches "${BATCHES:-1,32,128,256}" \
+  ${real:+--real $real=$TINY} --shapes "${SHAPES-large-v3,large-v3-turbo}" --batches "${BATCHES:-1,32,128,256}" \
   --hf-batches "${HF_BATCHES-1,32,128}" --precisions "${PRECISIONS:-full_fp16,mixed_fp8}" $baselines --out "$ENGINE_OUT") \
   2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine.log"
 echo "engine rc=${PIPESTATUS[0]} (3: rows > 10 % slower than the baseline) $((SECONDS - t)) s"

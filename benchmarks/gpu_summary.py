@@ -68,13 +68,11 @@ def main() -> None:
             print("against full_fp16 (ratio < 1: faster; the FP8 target is <= 1 at every batch)")
             print(table(ratios, list(ratios[0])))
         for name, t in report.get("transcripts", {}).items():
-            ref = t.get("transformers", [])
-            same = {k: sum(a.strip() == b.strip() for a, b in zip(v, ref)) for k, v in t.items() if k not in ("files", "transformers")}
-            print(f"{name} greedy transcripts equal to transformers' (of {len(ref)}, stripped): {same}")
-            fp16 = t.get("full_fp16", [])
-            same = {k: sum(a.strip() == b.strip() for a, b in zip(v, fp16)) for k, v in t.items()
-                    if k not in ("files", "transformers", "full_fp16")}
-            print(f"{name} greedy transcripts equal to full_fp16's (of {len(fp16)}, stripped): {same}")
+            for against in ("transformers", "full_fp16"):  # full_fp16's: runs without transformers have one too
+                ref = t.get(against, [])
+                same = {k: sum(a.strip() == b.strip() for a, b in zip(v, ref)) for k, v in t.items()
+                        if k not in ("files", "transformers", against)}
+                print(f"{name} greedy transcripts equal to {against} (of {len(ref)}, stripped): {same}")
         for e in report.get("errors", []):
             print("ERROR", e)
     else:

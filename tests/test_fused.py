@@ -31,12 +31,14 @@ def clips(manifest):
     return [decode_audio(r["audio"]) for r in rows]
 
 
-def _run(precision, clips, check=None):
-    """Greedy results of `clips` through an engine with `precision`; `check(engine)` after them."""
-    engine = Engine(load_model("tiny.en"), EngineConfig(max_slots=8), precision=precision)
+def _run(precision, clips, check=None, loaded=None, beams=(1,), max_slots=8):
+    """Results of `clips` through an engine with `precision` over `loaded` (tiny.en on the CPU by
+    default), window i a beam search of width beams[i % len(beams)] (1: greedy); `check(engine)` after them."""
+    engine = Engine(loaded or load_model("tiny.en"), EngineConfig(max_slots=max_slots), precision=precision)
 
     async def main():
-        return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,))) for a in clips))
+        return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,), beam_size=beams[i % len(beams)]))
+                                      for i, a in enumerate(clips)))
 
     try:
         results = asyncio.run(main())
@@ -281,22 +283,16 @@ def test_a_hybrid_engine_decodes_as_fp16_kv_through_both_paths(clips):
     cache has K/V for three slots: steps of more than three rows read X (beam groups straddle the pool's
     end), those of three or fewer (once windows end, rows moved into the pool) K/V projected then; the
     tokens are full_fp16's (fp16 K/V throughout)."""
-    tokens = {}
-    for precision in ("full_fp16", "full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=3"):
-        engine = Engine(load_model("tiny.en"), EngineConfig(max_slots=12), precision=precision)
-
-        async def main():
-            return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,), beam_size=1 + 2 * (i % 2)))
-                                          for i, a in enumerate(clips)))
-
-        try:
-            tokens[precision] = [r.tokens for r in asyncio.run(main())]
+    def pool_checked(slots):
+        def check(engine):
             cache = engine.runner.cache
-            assert cache.kv_slots == (3 if "hybrid" in precision else 0)
+            assert cache.kv_slots == slots
             assert not cache.missing  # every pool slot was projected for a step of three rows or fewer
-        finally:
-            engine.close()
-    ours, ref = tokens.values()
+        return check
+
+    tokens = {precision: [r.tokens for r in _run(precision, clips, pool_checked(slots), beams=(1, 3), max_slots=12)]
+              for precision, slots in (("full_fp16", 0), ("full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=3", 3))}
+    ref, ours = tokens.values()
     assert ours == ref
 
 
@@ -307,19 +303,13 @@ def test_a_hybrid_engine_on_cuda_transcribes_as_fp16_kv(clips):
     four windows are full_fp16's, up to fp16 rounding (at most two words a window), and every pool
     slot was projected."""
     loaded = load_model("tiny.en", "cuda", torch.float16)
-    texts = {}
-    for precision in ("full_fp16", "full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=2"):
-        engine = Engine(loaded, EngineConfig(max_slots=8), precision=precision)
 
-        async def main():
-            return await asyncio.gather(*(engine.transcribe(a, DecodeOptions(temperatures=(0.0,))) for a in clips))
+    def check(engine):
+        cache = engine.runner.cache
+        assert cache.cross_format == ("fp16" if engine.precision == "full_fp16" else "hybrid") and not cache.missing
 
-        try:
-            texts[precision] = [r.text for r in asyncio.run(main())]
-            cache = engine.runner.cache
-            assert cache.cross_format == ("fp16" if precision == "full_fp16" else "hybrid") and not cache.missing
-        finally:
-            engine.close()
+    texts = {precision: [r.text for r in _run(precision, clips, check, loaded=loaded)]
+             for precision in ("full_fp16", "full_fp16:cross_kv_cache=hybrid:hybrid_kv_slots=2")}
     for ours, ref in zip(*texts.values()):  # word edits by difflib (jiwer is not on the GPU machine)
         ops = difflib.SequenceMatcher(a=ref.split(), b=ours.split(), autojunk=False).get_opcodes()
         edits = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")

@@ -13,6 +13,7 @@ import pytest
 from streamer.audio.decode import (
     SAMPLE_RATE,
     AudioDecodeError,
+    MAX_SEPARATE_CHANNELS,
     AudioTooLarge,
     StreamResampler,
     decode_audio,
@@ -121,6 +122,32 @@ def test_stereo_mixdown_is_channel_mean(jfk, tmp_path):
     write_wav(path, np.stack([0.8 * jfk, 0.4 * jfk], axis=1))
     back = decode_audio(path)
     np.testing.assert_allclose(back, 0.6 * jfk, atol=2e-4)
+
+
+@pytest.mark.parametrize("channels,rate", [(2, SAMPLE_RATE), (8, SAMPLE_RATE), (9, 8000), (16, 48000)])
+def test_channels_kept_apart(jfk, tmp_path, channels, rate):
+    """`mono=False` gives each channel back on its own, in order, at any count up to the cap and any
+    rate (8 or more channels crashed the process in PyAV's planar frames, session 27)."""
+    clip = jfk[: 2 * SAMPLE_RATE]
+    source = np.interp(np.arange(len(clip) * rate // SAMPLE_RATE) * SAMPLE_RATE / rate, np.arange(len(clip)), clip)
+    gains = np.linspace(0.9, 0.1, channels, dtype=np.float32)
+    path = tmp_path / f"ch{channels}.wav"
+    write_wav(path, source[:, None] * gains[None, :], rate)
+    back = decode_audio(path, mono=False)
+    assert back.shape[0] == channels and abs(back.shape[1] - len(clip)) <= 2, back.shape
+    n = min(back.shape[1], len(clip))
+    for c in range(channels):  # each channel is its own gain times the same speech
+        np.testing.assert_allclose(back[c, :n], gains[c] * back[0, :n] / gains[0], atol=3e-3)
+    corr, _ = best_aligned_correlation(clip[:n], back[0, :n] / gains[0])
+    assert corr > (0.99 if rate >= SAMPLE_RATE else 0.9), corr
+
+
+def test_too_many_channels_kept_apart_is_refused_mixed_is_not(jfk, tmp_path):
+    path = tmp_path / "ch17.wav"
+    write_wav(path, np.repeat(jfk[:SAMPLE_RATE, None], MAX_SEPARATE_CHANNELS + 1, axis=1))
+    with pytest.raises(AudioDecodeError, match=f"17 channels, more than the {MAX_SEPARATE_CHANNELS}"):
+        decode_audio(path, mono=False)
+    np.testing.assert_allclose(decode_audio(path), jfk[:SAMPLE_RATE], atol=2e-4)
 
 
 def test_write_wav_round_trip(jfk, tmp_path):

@@ -170,6 +170,12 @@ def test_accurate_mode_and_a_prompt(client, jfk):
     assert wer(JFK, r.text) < 0.15
 
 
+def test_a_prompt_of_special_token_text_is_plain_text(client, jfk):
+    """"<|endoftext|>" typed into a prompt is text (it was the special token: a 500, session 27's QA)."""
+    r = client.audio.transcriptions.create(file=jfk, model="tiny.en", prompt="<|endoftext|><|startoftranscript|> Kennedy")
+    assert wer(JFK, r.text) < 0.15
+
+
 def test_long_recording(client, audio_dir, manifest):
     row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
     with open(row["audio"], "rb") as f:

@@ -8,6 +8,7 @@ that partial decodes have audio to catch up with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import jiwer
@@ -153,6 +154,51 @@ def test_flush_ends_the_utterance(url, jfk_path):
     final = of(events, "final")
     assert len(final) == 1 and events.index(final[0]) < events.index({"type": "closed", "reason": "stop"})
     assert "fellow" in final[0]["text"].lower()
+
+
+def test_a_prompt_of_special_token_text_is_plain_text(url, jfk_path):
+    """"<|endoftext|>" in the start's prompt is text: the finals come (session 27's QA: none did, silently)."""
+    start = {"partials": False, "prompt": "<|endoftext|><|startoftranscript|> Kennedy"}
+    events = asyncio.run(stream(url, s16(decode_audio(jfk_path)), start, frame_bytes=16000, pace=None))
+    check_lifecycle(events, 11.0)
+    assert wer(JFK, " ".join(f["text"] for f in of(events, "final"))) < 0.15
+
+
+def test_a_window_the_engine_refuses_fails_the_stream_loudly(url, engine, jfk_path, monkeypatch):
+    """A final window that `submit` refuses with an unexpected error (a bug) ends the stream with
+    `internal` and close 1011, as a failed decode does, instead of losing the utterance unseen."""
+    submit = engine.submit
+
+    def refuse_finals(audio, options, *, priority, **kw):
+        if priority == Priority.FINAL:
+            raise ValueError("refused by the test")
+        return submit(audio, options, priority=priority, **kw)
+
+    monkeypatch.setattr(engine, "submit", refuse_finals)
+
+    async def main():
+        events = []
+        async with websockets.connect(url + "/v1/stream", ping_interval=None) as ws:
+            await ws.send(json.dumps({"type": "start", "partials": False}))
+            audio = s16(decode_audio(jfk_path)[: 6 * 16000])
+
+            async def read():
+                with contextlib.suppress(websockets.ConnectionClosedError):
+                    async for m in ws:
+                        events.append(json.loads(m))
+
+            reader = asyncio.ensure_future(read())
+            with contextlib.suppress(websockets.ConnectionClosedError):  # it may end before all is sent
+                for i in range(0, len(audio), 16000):
+                    await ws.send(audio[i:i + 16000])
+                await ws.send(json.dumps({"type": "flush"}))
+            await reader
+            return events, ws.close_code
+
+    events, code = asyncio.run(asyncio.wait_for(main(), 60))
+    errors = of(events, "error")
+    assert errors and errors[0]["code"] == "internal" and "refused by the test" in errors[0]["message"], events
+    assert code == 1011 and not of(events, "final")
 
 
 def test_stop_finalises_open_speech(url, jfk_path):

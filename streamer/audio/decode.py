@@ -32,6 +32,9 @@ PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw
 
 _MIN_RATE, _MAX_RATE = 8000, 192000
 _MAX_CHANNELS = 8
+MAX_SEPARATE_CHANNELS = 16
+"""Channels a file decoded with `mono=False` may have: each is transcribed on its own, so the cap bounds one
+upload's work (a mixdown to mono takes any count)."""
 
 Source = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO
 
@@ -77,6 +80,9 @@ def decode_audio(
         declared = _declared_duration(container, stream)
         if max_seconds is not None and declared is not None and declared > max_seconds:
             raise AudioTooLarge(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
+        if not mono and stream.codec_context.channels > MAX_SEPARATE_CHANNELS:
+            raise AudioDecodeError(name, f"{stream.codec_context.channels} channels, more than the "
+                                         f"{MAX_SEPARATE_CHANNELS} transcribed separately")
         converter = _MonoConverter(keep_channels=not mono)
         decoded_s = 0.0
         position_s = 0.0
@@ -204,6 +210,12 @@ class _MonoConverter:
         self._key: tuple[str, str, int] | None = None
         self._fifo: av.AudioFifo | None = None
         self._resampler: av.AudioResampler | None = None
+        self._channels: int | None = None  # channels of the resampler's output where not mono
+        self._mix = False
+
+    def _convert(self, frame: av.AudioFrame | None) -> np.ndarray:
+        samples = _frames_to_array(self._resampler.resample(frame), self._channels)
+        return samples.mean(axis=0, dtype=np.float32) if self._mix else samples
 
     def add(self, frame: av.AudioFrame) -> None:
         key = (frame.format.name, frame.layout.name, frame.sample_rate)
@@ -214,12 +226,18 @@ class _MonoConverter:
             # 16-bit output makes libswresample normalise its mixdown (stereo: (L + R) / 2; float
             # output would give 0.707 * (L + R), which clips) and matches `ffmpeg -ac 1 -f s16le`,
             # which openai-whisper's load_audio uses. 16 bits lose nothing a speech model hears.
-            self._resampler = av.AudioResampler(format="s16p" if self._keep else "s16",
-                                                layout=frame.layout.name if self._keep else "mono", rate=SAMPLE_RATE)
+            # Packed even where channels are kept: PyAV 18 reads planar frames of 8 or more channels
+            # past their planes (a segfault of the whole process). libswresample cannot mix a layout of
+            # unnamed channels (a WAV of 9 or 17 without a channel mask): those are kept and averaged here.
+            n = len(frame.layout.channels)
+            self._mix = not self._keep and n > 1 and any(c.name == "NONE" for c in frame.layout.channels)
+            self._channels = n if self._keep or self._mix else None
+            self._resampler = av.AudioResampler(format="s16", layout=frame.layout.name if self._channels else "mono",
+                                                rate=SAMPLE_RATE)
         frame.pts = None  # the FIFO insists on gapless timestamps; only the samples matter here
         self._fifo.write(frame)
         if self._fifo.samples >= BATCH_SECONDS * frame.sample_rate:
-            self._chunks.append(_frames_to_array(self._resampler.resample(self._fifo.read())))
+            self._chunks.append(self._convert(self._fifo.read()))
 
     def finish(self) -> np.ndarray:
         self._drain()
@@ -234,22 +252,19 @@ class _MonoConverter:
         if self._fifo is None:
             return
         if self._fifo.samples:
-            self._chunks.append(_frames_to_array(self._resampler.resample(self._fifo.read())))
-        self._chunks.append(_frames_to_array(self._resampler.resample(None)))
+            self._chunks.append(self._convert(self._fifo.read()))
+        self._chunks.append(self._convert(None))
         self._fifo = self._resampler = self._key = None
 
 
-def _frames_to_array(frames: list[av.AudioFrame]) -> np.ndarray:
-    """Packed mono frames (`flt` or `s16`) -> float32 [N]; planar ones (`s16p`) -> [channels, N]."""
+def _frames_to_array(frames: list[av.AudioFrame], channels: int | None = None) -> np.ndarray:
+    """Packed frames (`flt` or `s16`) -> float32 [N] (mono), or [channels, N] of interleaved ones."""
     if not frames:
-        return np.zeros(0, np.float32)
-    if frames[0].format.is_planar:
-        samples = np.concatenate([f.to_ndarray() for f in frames], axis=1)
-        return samples.astype(np.float32) / 32768.0
+        return np.zeros(0 if channels is None else (channels, 0), np.float32)
     samples = np.concatenate([f.to_ndarray()[0] for f in frames])
     if samples.dtype == np.int16:
-        return samples.astype(np.float32) / 32768.0
-    return samples
+        samples = samples.astype(np.float32) / 32768.0
+    return samples if channels is None else samples.reshape(-1, channels).T
 
 
 def _prepare(source: Source, name: str | None, max_bytes: int | None) -> tuple[str | BinaryIO, str]:

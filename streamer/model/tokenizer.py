@@ -45,6 +45,9 @@ class Tokenizer:
     def __init__(self, path: str | Path | None, multilingual: bool, *, json: str | None = None):
         """From a `tokenizer.json` file, or its text (`json`, as an engine core sends it)."""
         self.hf = HFTokenizer.from_str(json) if json is not None else HFTokenizer.from_file(str(path))
+        # Text is text: "<|endoftext|>" in a user's prompt is 8 ordinary tokens, never the special one (which
+        # would end the prompt or fail its check; the ids here come from the vocabulary, not from encode).
+        self.hf.encode_special_tokens = True
         self.multilingual = multilingual
         ids = {t.content: i for i, t in self.hf.get_added_tokens_decoder().items()}
         self.special = ids

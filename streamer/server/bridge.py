@@ -198,6 +198,10 @@ class Bridge:
         except (EngineClosed, EngineUnavailable) as e:
             self._run(self.policy.on_failure(action.job, "engine_unavailable", str(e), time.monotonic()))
             return
+        except Exception as e:  # a window the engine refuses (a bug): its job fails as a decode would, not silently
+            log.exception("session %s: %s window not submitted", self.session_id, kind)
+            self._run(self.policy.on_failure(action.job, "internal", str(e) or type(e).__name__, time.monotonic()))
+            return
         self._handles[action.job] = (handle, kind)
         self._spawn(self._await(action.job, handle, kind))
 

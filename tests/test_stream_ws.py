@@ -201,6 +201,27 @@ def test_a_window_the_engine_refuses_fails_the_stream_loudly(url, engine, jfk_pa
     assert code == 1011 and not of(events, "final")
 
 
+def test_a_fast_sender_is_held_to_the_backlog_bound(url, manifest):
+    """A client sending a recording as fast as it can is not read more than `MAX_BACKLOG_S` (10 s) past its
+    oldest undelivered final, VAD batching on (audio waiting for the batcher's shared call counts: the
+    server had read 40-51 s past, session 27's QA). Lower bound from the events: the latest speech
+    event's time against the oldest stopped utterance whose final had not come."""
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    audio = decode_audio(row["audio"])[: 120 * 16000]
+    events = asyncio.run(stream(url, s16(audio), {"partials": False}, frame_bytes=3200, pace=None))
+    heard, waiting, worst = 0.0, {}, 0.0
+    for e in events:
+        if e["type"] in ("speech_started", "speech_stopped"):
+            heard = max(heard, e["t"])
+            if e["type"] == "speech_stopped":
+                waiting[e["utterance_id"]] = e["t"]
+        elif e["type"] == "final":
+            waiting.pop(e["utterance_id"], None)
+        if waiting:
+            worst = max(worst, heard - min(waiting.values()))
+    assert len(of(events, "final")) >= 4 and worst <= 10.0 + 1.0, worst
+
+
 def test_stop_finalises_open_speech(url, jfk_path):
     """stop while speech is open: its final arrives before `closed`."""
     audio = decode_audio(jfk_path)[: int(6.0 * 16000)]

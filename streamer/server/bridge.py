@@ -127,13 +127,15 @@ class Bridge:
 
     @property
     def backlog_s(self) -> float:
-        return self.policy.backlog_s
+        """Audio past the oldest undelivered final, and audio not yet through the VAD."""
+        waiting = self.vad_batcher.pending_s(self) if self.vad_batcher is not None else 0.0
+        return self.policy.backlog_s + waiting
 
     async def wait_for_room(self, max_backlog_s: float) -> None:
         """Return once the backlog is at most `max_backlog_s`. The transport awaits this before
         it reads the socket again, so a client that sends faster than its finals are served is
         slowed by TCP's flow control instead of queueing without bound."""
-        while max_backlog_s > 0 and self.policy.backlog_s > max_backlog_s:
+        while max_backlog_s > 0 and self.backlog_s > max_backlog_s:
             self._room.clear()
             await self._room.wait()
 

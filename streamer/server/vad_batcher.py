@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from streamer.audio.vad import SileroVAD
+from streamer.audio import SAMPLE_RATE
 
 if TYPE_CHECKING:
     from streamer.server.bridge import Bridge
@@ -38,6 +39,8 @@ class VADBatcher:
         self.max_streams = max_streams
         self._pending: dict[Bridge, list[tuple[np.ndarray, float]]] = {}
         """Chunks (16-kHz float32, arrival time) per bridge, in arrival order."""
+        self._samples: dict[Bridge, int] = {}
+        """Samples waiting per bridge (`pending_s`)."""
         self._timer: asyncio.TimerHandle | None = None
         self.calls = 0
         """Shared scoring calls made (one per drain with audio), for tests and metrics."""
@@ -45,6 +48,7 @@ class VADBatcher:
     def add(self, bridge: Bridge, pcm: np.ndarray, now: float) -> None:
         """A chunk of `bridge`'s stream, to be scored with the others' and fed to its policy."""
         self._pending.setdefault(bridge, []).append((pcm, now))
+        self._samples[bridge] = self._samples.get(bridge, 0) + len(pcm)
         if len(self._pending) >= self.max_streams:
             self.drain()
         elif self._timer is None:
@@ -53,9 +57,15 @@ class VADBatcher:
     def holds(self, bridge: Bridge) -> bool:
         return bridge in self._pending
 
+    def pending_s(self, bridge: Bridge) -> float:
+        """Seconds of `bridge`'s audio waiting here: part of its backlog (a client sending faster than
+        real time fills the socket's buffer, whose reads do not yield to the timer that drains this)."""
+        return self._samples.get(bridge, 0) / SAMPLE_RATE
+
     def forget(self, bridge: Bridge) -> None:
         """Drop what `bridge` has waiting (it is closing at once)."""
         self._pending.pop(bridge, None)
+        self._samples.pop(bridge, None)
 
     def drain(self) -> None:
         """Score everything waiting now and feed it to the bridges."""
@@ -63,6 +73,7 @@ class VADBatcher:
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, {}
+        self._samples = {}
         if not pending:
             return
         bridges = list(pending)

@@ -477,8 +477,54 @@ def test_resume_store_binds_tokens_to_key_and_time():
         with pytest.raises(ResumeError) as e:
             store.claim("5." + token[2:], "key-a")
         assert e.value.worker == 5
+        # bounded: past max_parked the longest parked expires early
+        small = ResumeStore(resume_s=60, max_parked=2, max_per_client=2)
+        gone = []
+        tokens = [small.register(i, None, client=f"10.0.0.{i}") for i in range(3)]
+        for i, t in enumerate(tokens):
+            small.park(t, lambda i=i: gone.append(i))
+        assert gone == [0] and small.parked() == 2
+        assert small.claim(tokens[2], None) == 2 and small.parked() == 1
 
     asyncio.run(run())
+
+
+def test_parked_sessions_are_bounded_per_client(engine, prompts):
+    """A client that drops its connections on purpose cannot park more sessions than its connection
+    limit: past it the longest parked one expires early (its token no longer resumes), the newest
+    still resume (session 27's QA: 300 parked sessions took 1.7 GB)."""
+    audio, _ = prompts
+    settings = load_settings({}, server={"resume_s": 60.0, "max_connections_per_client": 2})
+
+    async def park(url: str) -> str:
+        ws = await websockets.connect(url + "/v1/stream")
+        await ws.send(json.dumps({"type": "start", "partials": False}))
+        token = json.loads(await ws.recv())["resume_token"]
+        await ws.send(s16(audio[: RATE]))
+        await ws.send(json.dumps({"type": "ping"}))
+        while json.loads(await ws.recv())["type"] != "pong":
+            pass
+        ws.transport.abort()  # no close handshake: the session is parked
+        await asyncio.sleep(0.3)
+        return token
+
+    async def resume(url: str, token: str) -> dict:
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "resume": {"token": token, "bytes_sent": 2 * RATE}}))
+            return json.loads(await ws.recv())
+
+    async def run(url: str):
+        tokens = [await park(url) for _ in range(4)]
+        return [await resume(url, t) for t in tokens]
+
+    app = create_app(settings, engine)
+    with running(app) as url:
+        answers = asyncio.run(run(url.replace("http://", "ws://")))
+        parked = app.state.streamer.resume.parked()
+    assert [a["type"] for a in answers] == ["error", "error", "ready", "ready"], answers
+    assert all(a["resumed"] for a in answers[2:]), answers
+    assert all(a["code"] == "resume_failed" and "expired" in a["message"] for a in answers[:2]), answers
+    assert parked == 2  # the two resumed, parked again when those connections closed without `stop`
 
 
 def test_resume_refusals(ws_base, prompts):

@@ -162,6 +162,7 @@ class Bridge:
             task.cancel()
         self._room.set()
         self._idle.set()
+        self.session.release()
 
     # --- actions ----------------------------------------------------------------------------------
 

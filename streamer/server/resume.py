@@ -8,7 +8,9 @@ under `streamer serve` that worker relays the connection to the owner (`server/r
 the owner's store decides; a gateway alone (or an owner that is gone) answers `resume_failed`
 with `worker`. A token is bound to the API key that opened the session (compared by SHA-256
 digest; a relay presents the client's key) and dies `resume_s` after the connection dropped, or
-when the stream ends.
+when the stream ends. Parked streams are bounded (each keeps up to 30 s of audio for its next final):
+past `max_parked` in all, or `max_per_client` of one client address, the longest parked one expires
+early, so a client that drops connections on purpose cannot hold the gateway's memory.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ class _Entry:
     live: Any
     """The transport's resumable state (`stream._Live`)."""
     key: bytes
+    client: str | None = None
+    """The client's address (`max_per_client`)."""
     expires: float | None = None
     """Monotonic deadline while parked (no connection); None while attached."""
     timer: asyncio.TimerHandle | None = None
+    on_expiry: Callable[[], None] | None = None
 
 
 @dataclass
@@ -51,26 +56,46 @@ class ResumeStore:
 
     worker: int = 0
     resume_s: float = 30.0
+    max_parked: int = 256
+    """Parked streams kept at most (the gateway's `max_sessions`)."""
+    max_per_client: int = 64
+    """Parked streams of one client address kept at most (`max_connections_per_client`)."""
     _entries: dict[str, _Entry] = field(default_factory=dict)
 
-    def register(self, live: Any, key: str | None) -> str:
+    def register(self, live: Any, key: str | None, client: str | None = None) -> str:
         token = f"{self.worker}.{secrets.token_urlsafe(18)}"
-        self._entries[token] = _Entry(live, _digest(key))
+        self._entries[token] = _Entry(live, _digest(key), client)
         return token
 
     def park(self, token: str, on_expiry: Callable[[], None]) -> None:
-        """The connection dropped: keep the stream `resume_s`, then call `on_expiry`."""
+        """The connection dropped: keep the stream `resume_s` (less if the bounds are reached), then
+        call `on_expiry`."""
         entry = self._entries.get(token)
         if entry is None:
             return
+        parked = sorted((e.expires, t) for t, e in self._entries.items() if e.expires is not None and t != token)
+        mine = [t for _, t in parked if self._entries[t].client == entry.client]
+        if len(mine) >= self.max_per_client:
+            self._expire(mine[0])
+            parked = [p for p in parked if p[1] != mine[0]]
+        if len(parked) >= self.max_parked:
+            self._expire(parked[0][1])
         entry.expires = time.monotonic() + self.resume_s
+        entry.on_expiry = on_expiry
+        entry.timer = asyncio.get_running_loop().call_later(self.resume_s, self._expire, token, entry)
 
-        def expire() -> None:
-            if self._entries.get(token) is entry and entry.expires is not None:
-                del self._entries[token]
-                on_expiry()
+    def parked(self) -> int:
+        """Streams waiting for a resume now."""
+        return sum(e.expires is not None for e in self._entries.values())
 
-        entry.timer = asyncio.get_running_loop().call_later(self.resume_s, expire)
+    def _expire(self, token: str, entry: _Entry | None = None) -> None:
+        current = self._entries.get(token)
+        if current is None or current.expires is None or (entry is not None and current is not entry):
+            return
+        del self._entries[token]
+        if current.timer is not None:
+            current.timer.cancel()
+        current.on_expiry()
 
     def claim(self, token: Any, key: str | None) -> Any:
         """The stream of `token` for a new connection; raises ResumeError. An attached stream is

@@ -70,7 +70,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         if self.resume is None:
-            self.resume = ResumeStore(self.settings.server.worker_id, self.settings.server.resume_s)
+            server = self.settings.server
+            self.resume = ResumeStore(server.worker_id, server.resume_s, max_parked=server.max_sessions,
+                                      max_per_client=server.max_connections_per_client)
 
     @property
     def cadence(self) -> PartialCadence:

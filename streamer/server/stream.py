@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import secrets
+import weakref
 
 from starlette.websockets import WebSocket
 
@@ -53,9 +54,14 @@ class _Live:
         self.token: str | None = None
         self.failed = False
 
+        me = weakref.ref(self)  # the bridges must not keep their session alive: a cycle only the GC frees, late
+
         def make_bridge(channel: int | None) -> Bridge:
-            session = Session(start.streaming, state.vad)
-            return state.bridge(session, lambda e: self.emit(e, channel), session_id=session_id,
+            def emit(event: StreamEvent) -> None:
+                if (live := me()) is not None:
+                    live.emit(event, channel)
+
+            return state.bridge(Session(start.streaming, state.vad), emit, session_id=session_id,
                                 language=language, task=start.streaming.task)
 
         self.channels = ChannelStreams(rate=start.sample_rate, channels=start.channels, encoding=start.encoding,
@@ -232,7 +238,8 @@ class NativeStream(SocketStream):
             return self.protocol.fail("overloaded", refusal.reason, 1013, refusal.retry_after_s)
         language = self.protocol.model.decoder_language(start.streaming.language)
         live = _Live(start, self.state, self.session_id, language)
-        live.token = self.state.resume.register(live, presented_key(self.ws.scope))
+        live.token = self.state.resume.register(live, presented_key(self.ws.scope),
+                                                self.ws.client.host if self.ws.client else None)
         live.owner, self._live = self, live
         return self.protocol.started(live.session_id, start, language, live.token)
 

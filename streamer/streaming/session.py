@@ -111,6 +111,10 @@ class _AudioBuffer:
         self._head += a - self.start
         self.start = a
 
+    def release(self) -> None:
+        """Hold nothing more (the positions stay)."""
+        self._data, self._head, self.start = np.zeros(0, np.float32), 0, self.end
+
 
 @dataclass
 class _Utterance:
@@ -259,6 +263,13 @@ class Session:
         events = self.flush()
         self.closed = True
         return events
+
+    def release(self) -> None:
+        """The stream is over: free its audio now (up to ~30 s of it, kept for context), not when the
+        cycle collector finds the objects that still point at the session."""
+        self.closed = True
+        self._audio.release()
+        self._speech.release()
 
     def on_result(self, window_id: WindowId, result: Any) -> list[Event]:
         """Turn the engine's result for a window (an `engine.request.Result`) into client events."""

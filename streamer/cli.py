@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
     tr.add_argument("--format", default="text", choices=["text", "json", "verbose_json", "srt", "vtt"])
     tr.add_argument("--mode", default=None, choices=["fast", "accurate"], help="long-form mode (default: env MODE or fast)")
-    tr.add_argument("--word-timestamps", action="store_true", help="word-level times (json/verbose_json)")
+    tr.add_argument("--word-timestamps", action="store_true", help="word-level times (verbose_json)")
+    tr.add_argument("--output-dir", metavar="DIR", help="write DIR/<name>.<txt|json|srt|vtt> per file instead of "
+                                                        "stdout (several files on stdout: text, srt and vtt under "
+                                                        "`==> FILE <==` headers, JSON one object a line with `file`)")
     tr.add_argument("--prompt", help="text to condition the first window on (names, spelling)")
     tr.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -73,6 +76,14 @@ def main(argv: list[str] | None = None) -> int:
                              allowed_origins=args.allowed_origins))
         return 0
     if args.command == "transcribe":
+        if args.word_timestamps and args.format != "verbose_json":
+            parser.error(f"--word-timestamps needs --format verbose_json (not {args.format}), as the API's words do")
+        if args.output_dir is not None:
+            stems = [os.path.splitext(os.path.basename(f))[0] for f in args.files]
+            if not os.path.isdir(args.output_dir):
+                parser.error(f"--output-dir {args.output_dir!r} is not a directory")
+            if len(set(stems)) < len(stems):
+                parser.error("--output-dir: two files have the same name; their transcripts would overwrite each other")
         return asyncio.run(_transcribe(args))
     return 2
 
@@ -118,7 +129,13 @@ async def _transcribe(args) -> int:
     if args.task == "translate" and not engine.tokenizer.multilingual:
         print(f"streamer: {engine.model_name} is English-only and cannot translate; use --model base", file=sys.stderr)
         return 2
-    options = DecodeOptions(task=args.task, language=args.language, prompt=args.prompt, timestamps=True)
+    try:
+        language = engine.tokenizer.language_code(args.language)
+    except ValueError as e:
+        engine.close()
+        print(f"streamer: --language: {e}", file=sys.stderr)
+        return 2
+    options = DecodeOptions(task=args.task, language=language, prompt=args.prompt, timestamps=True)
     progress = _Progress(not args.quiet)
 
     async def one(path: str):
@@ -147,13 +164,31 @@ async def _transcribe(args) -> int:
             print(f"streamer: {result}", file=sys.stderr)
             failed += 1
             continue
-        if len(results) > 1 and args.format == "text":
-            print(f"==> {path} <==")
-        text = render(result, args.format, words=args.word_timestamps)
-        if isinstance(text, dict):
-            text = json.dumps(text, ensure_ascii=False, indent=2)
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        _write(path, render(result, args.format, words=args.word_timestamps), args, several=len(results) > 1)
     return 1 if failed else 0
+
+
+EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
+
+
+def _write(path: str, body: str | dict, args, *, several: bool) -> None:
+    """One file's transcript: to `--output-dir`, else stdout (several files kept apart there)."""
+    if isinstance(body, dict):
+        if args.output_dir is None and several:  # JSON Lines: one parseable object per file
+            body = json.dumps({"file": path, **body}, ensure_ascii=False)
+        else:
+            body = json.dumps(body, ensure_ascii=False, indent=2)
+    body = body if body.endswith("\n") else body + "\n"
+    if args.output_dir is not None:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        out = os.path.join(args.output_dir, f"{stem}.{EXTENSIONS[args.format]}")
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(body)
+        print(f"{path} -> {out}", file=sys.stderr)
+        return
+    if several and args.format not in ("json", "verbose_json"):
+        print(f"==> {path} <==")
+    sys.stdout.write(body)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -60,3 +61,34 @@ def test_unknown_model_and_translation_on_english_only(jfk_path):
     assert out.returncode == 2 and "no-such-model" in out.stderr and "Traceback" not in out.stderr
     out = run("transcribe", jfk_path, "--task", "translate")
     assert out.returncode == 2 and "English-only" in out.stderr
+
+
+def test_several_files_stay_apart_in_every_format(jfk_path, tmp_path):
+    """Several files: JSON one object a line naming its file, subtitles under headers, or one file each
+    with --output-dir (concatenated JSON objects and restarting cue numbers could not be split)."""
+    write_wav(tmp_path / "short.wav", decode_audio(jfk_path)[: 3 * 16000])
+    files = [jfk_path, str(tmp_path / "short.wav")]
+    out = run("transcribe", *files, "--format", "verbose_json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [o["file"] for o in lines] == files and "fellow americans" in lines[0]["text"].lower()
+    assert lines[0]["segments"] and lines[0]["duration"] == pytest.approx(11.0, abs=0.1)
+    out = run("transcribe", *files, "--format", "srt", "--quiet")
+    assert out.returncode == 0 and [line for line in out.stdout.splitlines() if line.startswith("==> ")] == \
+        [f"==> {f} <==" for f in files]
+    out = run("transcribe", *files, "--format", "vtt", "--quiet", "--output-dir", str(tmp_path))
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    for stem in ("jfk", "short"):
+        assert (tmp_path / f"{stem}.vtt").read_text().startswith("WEBVTT")
+    assert "fellow" in (tmp_path / "jfk.vtt").read_text().lower()
+
+
+def test_option_mistakes_are_refused_before_any_work(jfk_path, tmp_path):
+    """Options the API refuses are refused here too: words without verbose_json, a language the
+    English-only model cannot decode (it used to print English and exit 0)."""
+    out = run("transcribe", jfk_path, "--format", "json", "--word-timestamps")
+    assert out.returncode == 2 and "verbose_json" in out.stderr
+    out = run("transcribe", jfk_path, "--language", "de")
+    assert out.returncode == 2 and "English-only" in out.stderr and out.stdout == ""
+    out = run("transcribe", jfk_path, jfk_path, "--output-dir", str(tmp_path))
+    assert out.returncode == 2 and "same name" in out.stderr

@@ -90,6 +90,18 @@ class Tokenizer:
             raise ValueError(f"unknown language {language!r}; known: {', '.join(sorted(self.language_tokens))}")
         return self.language_tokens[code]
 
+    def language_code(self, language: str | None) -> str | None:
+        """A requested language (code or English name; None: detect) as the code this model decodes;
+        ValueError for one it cannot (an English-only model takes only English)."""
+        if language is None:
+            return None
+        if not self.multilingual:
+            if language.lower() not in ("en", "english"):
+                raise ValueError(f"this model is English-only; language {language!r} is not available")
+            return "en"
+        self.language_token(language)
+        return TO_LANGUAGE_CODE.get(language.lower(), language.lower())
+
     def prompt_tokens(self, prompt: str | None, max_tokens: int) -> list[int]:
         """`<|startofprev|>` + the last `max_tokens - 1` tokens of the previous text."""
         if not prompt or not prompt.strip():

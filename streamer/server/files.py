@@ -31,7 +31,6 @@ from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
 from streamer.longform.transcript import merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
-from streamer.model.tokenizer import TO_LANGUAGE_CODE
 from streamer.protocols import validation as v
 from streamer.server.auth import error_body
 
@@ -408,18 +407,10 @@ def _token_bytes(tok, token: int) -> bytes:
 
 
 def _language(language: str | None, tok) -> str | None:
-    if language is None:
-        return None
-    if not tok.multilingual:
-        if language.lower() not in ("en", "english"):
-            raise ApiError(400, f"this model is English-only; language {language!r} is not available",
-                           "invalid_value", param="language")
-        return "en"
     try:
-        tok.language_token(language)
+        return tok.language_code(language)
     except ValueError as e:
         raise ApiError(400, str(e), "invalid_value", param="language") from None
-    return TO_LANGUAGE_CODE.get(language.lower(), language.lower())
 
 
 def _temperatures(value: str | None) -> tuple[float, ...]:

@@ -199,6 +199,9 @@ class ServerConfig:
     """Live streams one client address may hold at once (0: no limit)."""
     first_audio_timeout_s: float = 15.0
     """A stream that has sent no audio this long after it opened is closed (pings do not count)."""
+    upload_decoders: int = 0
+    """Child processes per gateway worker that decode uploads (a file that crashes the decoder kills
+    one of them, not the gateway: `server/decoder.py`); 0: as many as cores, up to 4."""
     upload_idle_timeout_s: float = 30.0
     """An upload whose body stalls this long is refused (408) and its temporary file removed."""
     sse_keepalive_s: float = 15.0
@@ -276,6 +279,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "SSL_CERTFILE": ("server", "ssl_certfile"),
     "SSL_KEYFILE": ("server", "ssl_keyfile"),
     "RESUME_S": ("server", "resume_s"),
+    "UPLOAD_DECODERS": ("server", "upload_decoders"),
     "STREAMER_WORKER_ID": ("server", "worker_id"),
     "WEBRTC_ICE_SERVERS": ("server", "webrtc_ice_servers"),
 }

@@ -540,3 +540,30 @@ def test_abrupt_disconnects_leave_no_noise_and_no_threads(engine, jfk16k):
         time.sleep(0.2)
     assert "never retrieved" not in logs.text, logs.text[-3000:]
     assert "Traceback" not in logs.text, logs.text[-3000:]
+
+
+def test_a_file_that_kills_its_decoder_kills_a_child_not_the_gateway(jfk_path):
+    """Uploads decode in child processes (`server/decoder.py`). A child that dies (here: SIGABRT, as a
+    libav crash would; 8-channel files segfaulted the gateway before session 27) fails that file alone:
+    a decode in flight beside it is run again, and the pool serves the next upload."""
+    from streamer.audio.decode import AudioDecodeError
+    from streamer.server.decoder import DecoderPool
+
+    pool = DecoderPool(2)
+    with open(jfk_path, "rb") as f:
+        data = f.read()
+
+    async def main():
+        beside = asyncio.ensure_future(pool.decode(data, name="jfk.ogg"))
+        await asyncio.sleep(0)
+        with pytest.raises(AudioDecodeError, match="bad.wav: the decoder crashed on this file"):
+            await pool.run(os.abort, name="bad.wav")
+        return await beside, await pool.decode(data, name="again.ogg")
+
+    try:
+        first, again = asyncio.run(main())
+    finally:
+        pool.close()
+    assert pool.crashes == 2  # the crash, and its retry in a fresh pool
+    np.testing.assert_array_equal(first, decode_audio(jfk_path))
+    np.testing.assert_array_equal(again, first)

@@ -49,6 +49,9 @@ class AudioDecodeError(ValueError):
         self.reason = reason
         """What is wrong, in plain words (e.g. "empty file", "corrupt data at 1.2 s")."""
 
+    def __reduce__(self):  # raised in the decoder's child process, re-raised in the gateway
+        return type(self), (self.name, self.reason)
+
 
 class AudioTooLarge(AudioDecodeError):
     """Audio over a limit of `decode_audio`: `limit` is "seconds" (`max_seconds`) or "bytes" (`max_bytes`)."""
@@ -56,6 +59,9 @@ class AudioTooLarge(AudioDecodeError):
     def __init__(self, name: str, reason: str, limit: str) -> None:
         super().__init__(name, reason)
         self.limit = limit
+
+    def __reduce__(self):
+        return type(self), (self.name, self.reason, self.limit)
 
 
 def decode_audio(

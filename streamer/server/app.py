@@ -135,6 +135,7 @@ def create_app(settings: Settings, engine: Engine | None = None,
             yield
         finally:
             await state.drain()
+            state.decoder.close()
             for monitor in monitors:
                 monitor.cancel()
             if owned and connect is not None:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from streamer.audio import SAMPLE_RATE
-from streamer.audio.decode import AudioDecodeError, StreamResampler, decode_audio, pcm_dtype
+from streamer.audio.decode import AudioDecodeError, StreamResampler, pcm_dtype
 from streamer.engine.errors import EngineClosed
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
@@ -173,9 +173,11 @@ async def listen_file(request: Request) -> JSONResponse:
         if options.encoding is not None:
             audio = await asyncio.to_thread(_decode_raw, bytes(body), options)
         else:
-            audio = await asyncio.to_thread(decode_audio, bytes(body), max_seconds=limits.max_audio_s,
-                                            name="body", mono=False)
-        if not options.multichannel and audio.shape[0] > 1:
+            audio = await state.decoder.decode(bytes(body), max_seconds=limits.max_audio_s, name="body",
+                                               mono=not options.multichannel)
+        if audio.ndim == 1:
+            audio = audio[None]
+        elif not options.multichannel and audio.shape[0] > 1:  # raw PCM of several channels
             audio = audio.mean(axis=0, keepdims=True)
         decode = DecodeOptions(language=options.language)
         transcripts = await asyncio.gather(*(transcribe_long(engine, a, mode=limits.mode, options=decode,

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from streamer.audio.decode import AudioDecodeError, AudioTooLarge, decode_audio
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
@@ -133,7 +133,7 @@ async def _transcribe(request: Request, task: str) -> Response:
         max_bytes = int(limits.max_upload_mb * 2**20)
         form = await _read_form(request, max_bytes, limits.upload_idle_timeout_s)
         req = _parse(form, engine, task, limits.mode)
-        audio = await asyncio.to_thread(_decode, req.upload, limits.max_audio_s, max_bytes, not req.multichannel)
+        audio = await _decode(state, req.upload, limits.max_audio_s, max_bytes, not req.multichannel)
         await form.close()  # the samples are in memory now: the temporary file can go
         form = None
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
@@ -428,11 +428,13 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
     return tuple(round(t + i * TEMPERATURE_STEP, 6) for i in range(steps + 1))
 
 
-def _decode(upload: UploadFile, max_seconds: float, max_bytes: int, mono: bool = True):
-    """Samples of the upload (worker thread); 413 over the duration limit, 400 when not audio."""
+async def _decode(state, upload: UploadFile, max_seconds: float, max_bytes: int, mono: bool = True):
+    """Samples of the upload, decoded in a child process (`server/decoder.py`); 413 over the duration
+    limit, 400 when not audio."""
+    data = await upload.read()
     try:
-        return decode_audio(upload.file, max_seconds=max_seconds, max_bytes=max_bytes, name=upload.filename or "upload",
-                            mono=mono)
+        return await state.decoder.decode(data, name=upload.filename or "upload", max_seconds=max_seconds,
+                                          max_bytes=max_bytes, mono=mono)
     except AudioTooLarge as e:
         raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
     except AudioDecodeError as e:  # OpenAI answers 400 (the SDKs raise BadRequestError)

@@ -59,7 +59,7 @@ class ResumeStore:
     max_parked: int = 256
     """Parked streams kept at most (the gateway's `max_sessions`)."""
     max_per_client: int = 64
-    """Parked streams of one client address kept at most (`max_connections_per_client`)."""
+    """Parked streams of one client address kept at most (`max_connections_per_client`; 0: no limit)."""
     _entries: dict[str, _Entry] = field(default_factory=dict)
 
     def register(self, live: Any, key: str | None, client: str | None = None) -> str:
@@ -75,10 +75,10 @@ class ResumeStore:
             return
         parked = sorted((e.expires, t) for t, e in self._entries.items() if e.expires is not None and t != token)
         mine = [t for _, t in parked if self._entries[t].client == entry.client]
-        if len(mine) >= self.max_per_client:
+        if self.max_per_client and len(mine) >= self.max_per_client:
             self._expire(mine[0])
             parked = [p for p in parked if p[1] != mine[0]]
-        if len(parked) >= self.max_parked:
+        if self.max_parked and len(parked) >= self.max_parked:
             self._expire(parked[0][1])
         entry.expires = time.monotonic() + self.resume_s
         entry.on_expiry = on_expiry

@@ -18,6 +18,7 @@ from streamer.server.limits import ClientLimits
 from streamer.server.loop_lag import LoopLag
 from streamer.server.bridge import Bridge, Emit
 from streamer.server.metrics import Metrics
+from streamer.server.decoder import DecoderPool
 from streamer.server.resume import ResumeStore
 from streamer.server.vad_batcher import VADBatcher
 from streamer.streaming.cadence import CadenceConfig, PartialCadence, budget_for
@@ -62,6 +63,8 @@ class ServerState:
     """Live streams per client address (`max_connections_per_client`)."""
     resume: ResumeStore | None = None
     """`/v1/stream` sessions kept for resume (built from `settings.server` when None)."""
+    decoder: DecoderPool | None = None
+    """Child processes that decode uploads (built from `settings.server` when None)."""
     twilio: dict = field(default_factory=dict)
     """`/v1/twilio` streams by `streamSid`, for their subscribers (`server/twilio.py`)."""
 
@@ -69,6 +72,8 @@ class ServerState:
     _vad_batcher: VADBatcher | None = None
 
     def __post_init__(self) -> None:
+        if self.decoder is None:
+            self.decoder = DecoderPool(self.settings.server.upload_decoders)
         if self.resume is None:
             server = self.settings.server
             self.resume = ResumeStore(server.worker_id, server.resume_s, max_parked=server.max_sessions,

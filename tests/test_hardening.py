@@ -564,6 +564,26 @@ def test_a_file_that_kills_its_decoder_kills_a_child_not_the_gateway(jfk_path):
         first, again = asyncio.run(main())
     finally:
         pool.close()
-    assert pool.crashes == 2  # the crash, and its retry in a fresh pool
+    assert pool.crashes == 2  # the shared pool, and the bad file's child of its own
     np.testing.assert_array_equal(first, decode_audio(jfk_path))
     np.testing.assert_array_equal(again, first)
+
+
+def test_decoder_processes_that_cannot_start_fall_back_to_threads(jfk_path):
+    """Where children cannot start (a parent reading its program from stdin: multiprocessing re-imports
+    `__main__` in them), uploads still decode, in threads, with a warning: not "crashed" for every file."""
+    import subprocess
+    import sys
+
+    script = f"""
+import asyncio
+from streamer.server.decoder import DecoderPool
+pool = DecoderPool(1)
+audio = asyncio.run(pool.decode(open({jfk_path!r}, "rb").read(), name="jfk.ogg"))
+pool.close()
+print("decoded", len(audio), "inline", pool.inline)
+"""
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"decoded {len(decode_audio(jfk_path))} inline True"
+    assert "uploads decode in the gateway's threads" in out.stderr

@@ -5,8 +5,8 @@ every live stream it serves.
 `DecoderPool.decode(data, name=..., **kw)` runs `decode_audio` on the file's bytes in a
 `ProcessPoolExecutor` whose processes fork from a forkserver that has imported PyAV (a new child in
 milliseconds, not a spawn's second of imports). A crash breaks the whole executor, failing every
-decode in flight with it: each of those runs once more in a fresh executor, so only a file that
-crashes it again is refused (`AudioDecodeError`, a 400).
+decode in flight with it: each of those runs once more in a child of its own, so only the file that
+crashes that one too is refused (`AudioDecodeError`, a 400).
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ class DecoderPool:
         self.processes = processes or default_processes()
         self.crashes = 0
         """Executors lost to a crashing child (for tests and logs)."""
+        self.inline = False
+        """Children could not start here: uploads decode in the gateway's threads (as before session 27)."""
         self._executor: ProcessPoolExecutor | None = None
+        self._starting = asyncio.Lock()
 
     async def decode(self, data: bytes, *, name: str, **kwargs) -> np.ndarray:
         """`decode_audio(data, name=name, **kwargs)` in a child: its result, or its AudioDecodeError."""
@@ -47,26 +50,50 @@ class DecoderPool:
 
     async def run(self, call: Callable[[], Any], *, name: str) -> Any:
         """`call()` (picklable) in a child; AudioDecodeError(name, ...) if the child dies on it twice."""
-        for _ in range(2):
-            executor = self._get()
-            try:
-                return await asyncio.get_running_loop().run_in_executor(executor, call)
-            except BrokenProcessPool:
-                if self._executor is executor:  # the first decode to hear of it replaces the executor
-                    self._executor = None
-                    self.crashes += 1
-                    log.error("an upload decoder process died (%s); starting new ones", name)
-                    executor.shutdown(wait=False, cancel_futures=True)
-        raise AudioDecodeError(name, "the decoder crashed on this file")
+        executor = await self._get()
+        if executor is None:
+            return await asyncio.to_thread(call)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(executor, call)
+        except BrokenProcessPool:
+            if self._executor is executor:  # the first decode to hear of it replaces the executor
+                self._executor = None
+                self.crashes += 1
+                log.error("an upload decoder process died (%s); starting new ones", name)
+                executor.shutdown(wait=False, cancel_futures=True)
+        # Again in a child of its own: a file that crashed the shared one does so alone this time.
+        alone = ProcessPoolExecutor(1, mp_context=self._context())
+        try:
+            return await loop.run_in_executor(alone, call)
+        except BrokenProcessPool:
+            self.crashes += 1
+            raise AudioDecodeError(name, "the decoder crashed on this file") from None
+        finally:
+            alone.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    def _get(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["streamer.audio.decode"])
-            self._executor = ProcessPoolExecutor(self.processes, mp_context=context)
-        return self._executor
+    @staticmethod
+    def _context():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["streamer.audio.decode"])
+        return context
+
+    async def _get(self) -> ProcessPoolExecutor | None:
+        async with self._starting:
+            if self._executor is None and not self.inline:
+                executor = ProcessPoolExecutor(self.processes, mp_context=self._context())
+                try:  # a child must start at all: it re-imports the parent's __main__ (not possible from stdin)
+                    await asyncio.get_running_loop().run_in_executor(executor, os.getpid)
+                except BrokenProcessPool:
+                    executor.shutdown(wait=False, cancel_futures=True)
+                    log.warning("upload decoder processes cannot start in this process (its __main__ cannot be "
+                                "imported again); uploads decode in the gateway's threads")
+                    self.inline = True
+                else:
+                    self._executor = executor
+            return self._executor

@@ -25,6 +25,7 @@ drain keeps that order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
@@ -193,11 +194,33 @@ class Supervisor:
             for i, proc in enumerate(procs):
                 if proc is not None and not proc.is_alive():
                     log.error("%s %d (pid %d) exited with %s; restarting", kind, i, proc.pid, proc.exitcode)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)  # its children (upload decoders) go with it: setsid
                     if kind == "gateway":
                         multiprocess.mark_process_dead(proc.pid)
+                        self._forget_gateway(f"gw{i}-{proc.pid}")
                     time.sleep(RESTART_DELAY_S)
                     if not self.stopping.is_set():
                         start(i)
+
+    def _forget_gateway(self, gateway: str) -> None:
+        """A gateway died without its `Bye`: the cores cancel its windows, which nobody will collect
+        (else every later request waits behind them)."""
+        import zmq
+
+        from streamer.engine import protocol as p
+
+        ctx = zmq.Context()
+        try:
+            for spec in self.specs:
+                push = ctx.socket(zmq.PUSH)
+                push.setsockopt(zmq.LINGER, 1000)
+                push.connect(spec.input_address)
+                with contextlib.suppress(zmq.Again):
+                    push.send(p.encode(p.Bye(gateway=gateway)), zmq.NOBLOCK)
+                push.close()
+        finally:
+            ctx.term()
 
     def stop(self) -> None:
         """Drain: gateways first (finals delivered), then cores; kill what overstays."""

@@ -153,7 +153,9 @@ class StreamClient:
     async def _connect(self, first: bool) -> None:
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         # No permessage-deflate: PCM barely compresses, and deflating costs the client's loop.
-        ws = await connect(self.url, additional_headers=headers, max_size=None, compression=None)
+        # No keepalive pings: past MAX_BACKLOG_S the server stops reading the socket (TCP slows the sender),
+        # so a ping waits behind audio and its timeout would close a healthy stream (the server sends none either).
+        ws = await connect(self.url, additional_headers=headers, max_size=None, compression=None, ping_interval=None)
         if first:
             await ws.send(json.dumps(self.start_message))
         else:

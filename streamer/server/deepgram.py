@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from streamer.audio import SAMPLE_RATE
-from streamer.audio.decode import AudioDecodeError, StreamResampler, pcm_dtype
-from streamer.engine.errors import EngineClosed
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge, StreamResampler, pcm_dtype
+from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import transcribe_long
@@ -184,8 +184,13 @@ async def listen_file(request: Request) -> JSONResponse:
                                                              word_timestamps=True) for a in audio))
     except ListenError as e:
         return JSONResponse(e.http_body(request_id), status_code=400)
+    except AudioTooLarge as e:
+        return JSONResponse(ListenError(str(e), "PAYLOAD_TOO_LARGE").http_body(request_id), status_code=413)
     except AudioDecodeError as e:
         return JSONResponse(ListenError(str(e), "UNSUPPORTED_MEDIA").http_body(request_id), status_code=400)
+    except EngineUnavailable as e:  # an engine core died under the request
+        return JSONResponse({"err_code": "SERVICE_UNAVAILABLE", "err_msg": str(e), "request_id": request_id},
+                            status_code=503, headers={"Retry-After": "5"})
     except QueueFull as e:
         return JSONResponse({"err_code": "TOO_MANY_REQUESTS", "err_msg": str(e), "request_id": request_id},
                             status_code=429, headers={"Retry-After": str(max(1, round(e.retry_after_s)))})

@@ -91,7 +91,7 @@ class Metrics:
         if loop_lag is not None:
             self.loop_lag = Gauge("streamer_event_loop_lag_seconds", "How late the gateway's event loop runs "
                                   "(peak-holding, half-life 1 s); new streams are refused past MAX_LOOP_LAG_S",
-                                  registry=self.registry, multiprocess_mode="all")
+                                  registry=self.registry, multiprocess_mode="liveall")
             if not self.multiprocess:
                 self.loop_lag.set_function(loop_lag)
         self.sessions = Gauge("streamer_sessions", "Live streams", ["transport"], registry=self.registry,
@@ -100,7 +100,7 @@ class Metrics:
             self.sessions.labels(transport)
         self.gateway_sessions = Gauge("streamer_gateway_sessions", "Live streams this gateway process holds "
                                       "(a sample per gateway: how the port's connections are spread)",
-                                      registry=self.registry, multiprocess_mode="all")
+                                      registry=self.registry, multiprocess_mode="liveall")
         self.first_partial = Histogram(
             "streamer_time_to_first_partial_seconds",
             "From the server receiving the audio where speech began to the first partial of that utterance",
@@ -134,7 +134,7 @@ class Metrics:
             self.partial_cadence = Gauge(
                 "streamer_partial_cadence_seconds", "Wall time the live policy leaves between two partials of a "
                 "stream now (widened while finals exceed FINAL_BUDGET_S in the engine)", registry=self.registry,
-                multiprocess_mode="all")
+                multiprocess_mode="liveall")
             if not self.multiprocess:
                 self.partial_cadence.set_function(cadence)
         self._engine = _EngineCollector(engine_metrics, core_metrics)

@@ -349,3 +349,32 @@ def test_the_same_upload_twice_gives_the_same_text(client, jfk_path, tmp_path):
         assert runs[0].text.strip() and all(r.text == runs[0].text for r in runs)
         if temperature:
             assert all(s.temperature >= temperature for s in runs[0].segments)
+
+
+def test_an_upload_whose_client_left_stops_decoding(server, engine, manifest, tmp_path):
+    """A client that gives up on a long upload (closes the connection) takes its windows out of the
+    engine: they decoded for nobody before (an 11-s upload then waited 4.4 s instead of 0.3 s, session
+    27's QA). Raw HTTP: the request is sent, the socket closed 3 s later."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from streamer.audio.decode import decode_audio
+
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    write_wav(tmp_path / "long.wav", np.tile(decode_audio(row["audio"]), 3))  # 18 minutes, ~36 windows
+    data = (tmp_path / "long.wav").read_bytes()
+    boundary = "streamerqa"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="long.wav"\r\n'
+            f"Content-Type: audio/wav\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    url = urlsplit(server)
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: "
+                     f"multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(3.0)
+        assert engine.metrics()["queue_depth"] + engine.metrics()["live_sequences"] > 0  # it is at work
+    give_up = time.monotonic() + 2.0  # the disconnect is seen at once; steps in flight end
+    while time.monotonic() < give_up and engine.metrics()["queue_depth"] + engine.metrics()["live_sequences"] > 0:
+        time.sleep(0.1)
+    left = engine.metrics()
+    assert left["queue_depth"] == 0 and left["live_sequences"] == 0, left

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
 from streamer.audio import SAMPLE_RATE
@@ -34,6 +34,7 @@ from streamer.protocols.deepgram import (CloseStream, Finalize, ListenError, Lis
 from streamer.protocols.outputs import Audio, Close, Send
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
+from streamer.server.files import ClientGone, while_connected
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
@@ -180,8 +181,11 @@ async def listen_file(request: Request) -> JSONResponse:
         elif not options.multichannel and audio.shape[0] > 1:  # raw PCM of several channels
             audio = audio.mean(axis=0, keepdims=True)
         decode = DecodeOptions(language=options.language)
-        transcripts = await asyncio.gather(*(transcribe_long(engine, a, mode=limits.mode, options=decode,
-                                                             word_timestamps=True) for a in audio))
+        transcripts = await while_connected(request, asyncio.gather(*(
+            transcribe_long(engine, a, mode=limits.mode, options=decode, word_timestamps=True) for a in audio)))
+    except ClientGone:
+        log.info("a /v1/listen client disconnected before its answer: its work is dropped")
+        return Response(status_code=400)  # never read: the connection is gone
     except ListenError as e:
         return JSONResponse(e.http_body(request_id), status_code=400)
     except AudioTooLarge as e:

@@ -11,10 +11,12 @@ is checked by the app's `AuthMiddleware` (401) before a request gets here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import time
+from typing import Awaitable, TypeVar
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
@@ -34,6 +36,7 @@ from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.protocols import validation as v
 from streamer.server.auth import error_body
 
+T = TypeVar("T")
 log = logging.getLogger("streamer.server")
 
 WHISPER_ALIAS = "whisper-1"
@@ -139,7 +142,8 @@ async def _transcribe(request: Request, task: str) -> Response:
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
         if req.multichannel:
             # The channels' windows go to the engine together and share its steps.
-            transcripts = await asyncio.gather(*(transcribe_long(engine, channel, **run) for channel in audio))
+            transcripts = await while_connected(request, asyncio.gather(*(transcribe_long(engine, channel, **run)
+                                                                          for channel in audio)))
             transcript = merge_channels(list(transcripts))
             _observe(state, transcript, started)
             body = render(transcript, req.response_format, segments=req.segments, words=req.words)
@@ -150,7 +154,7 @@ async def _transcribe(request: Request, task: str) -> Response:
             return StreamingResponse(_events(engine, audio, run, state, started, limits.sse_keepalive_s),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        transcript = await transcribe_long(engine, audio, **run)
+        transcript = await while_connected(request, transcribe_long(engine, audio, **run))
         _observe(state, transcript, started)
         body = render(transcript, req.response_format, segments=req.segments, words=req.words)
         if req.logprobs:
@@ -168,7 +172,7 @@ async def _transcribe(request: Request, task: str) -> Response:
     except EngineUnavailable as e:
         return _refuse(request, _unavailable(e))
     except ClientGone:
-        log.info("an upload's client disconnected before its body arrived")
+        log.info("an upload's client disconnected before its answer: its work is dropped")
         return Response(status_code=400)  # never read: the connection is gone
     finally:
         if form is not None:
@@ -224,7 +228,30 @@ def _sse(event: dict) -> str:
 
 
 class ClientGone(Exception):
-    """The client disconnected before its upload arrived: there is nobody to answer."""
+    """The client disconnected before its answer was ready: there is nobody to answer."""
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled (with its engine windows) if the client disconnects first: uvicorn does not
+    cancel a handler whose client left, whose windows would otherwise decode for nobody. The body has
+    been read, so the next ASGI message is the disconnect."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone()
+    return task.result()
 
 
 async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) -> FormData:

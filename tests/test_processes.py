@@ -258,6 +258,55 @@ def test_a_gateway_that_cannot_accept_is_given_no_connections(served):
     assert _health(base).get("status") == "ok"
 
 
+def _group(pgid: int) -> list[int]:
+    """Processes in process group `pgid` (a gateway calls setsid: its children share its pid as pgid)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rpartition(")")[2].split()[3]) == pgid:
+                        members.append(int(entry))
+    return members
+
+
+def test_a_killed_gateway_takes_its_decoders_along_and_the_cores_drop_its_windows(served, jfk_path, manifest,
+                                                                                 tmp_path):
+    """kill -9 the gateway serving a long upload: its upload decoder processes go with it (they stayed
+    as orphans), and the cores cancel its windows, which nobody will collect (a later 11-s upload
+    waited 27-32 s behind them, session 27's QA)."""
+    base, proc = served
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    long = np.tile(decode_audio(row["audio"]), 3)  # 18 minutes: ~36 windows of engine work
+    write_wav(tmp_path / "long.wav", long)
+    body = (tmp_path / "long.wav").read_bytes()
+    cores = [c["pid"] for c in _health(base)["engine_cores"]]
+
+    def upload():
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(base + "/v1/audio/transcriptions", files={"file": ("long.wav", body)},
+                       data={"model": "whisper-1"}, timeout=300)
+
+    threading.Thread(target=upload, daemon=True).start()
+    give_up, victim = time.monotonic() + 60, None
+    while victim is None and time.monotonic() < give_up:  # the gateway whose decoders took the upload
+        victim = next((g for g in _gateway_pids(proc.pid, cores) if len(_group(g)) > 1), None)
+        time.sleep(0.2)
+    assert victim is not None, "no gateway started upload decoders"
+    time.sleep(3.0)  # decoded, windows submitted
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(2.0)  # the supervisor notices within 0.2 s, kills the group, tells the cores
+    assert _group(victim) == [], _group(victim)
+    _wait_healthy(base, proc)
+    with open(jfk_path, "rb") as f:
+        start = time.monotonic()
+        r = httpx.post(base + "/v1/audio/transcriptions", files={"file": ("jfk.ogg", f.read())},
+                       data={"model": "whisper-1"}, timeout=300)
+    took = time.monotonic() - start
+    assert r.status_code == 200 and "country" in r.json()["text"].lower()
+    assert took < 8.0, f"an 11-s upload took {took:.1f} s behind a dead gateway's windows"
+
+
 def test_sigterm_with_streams_on_both_gateways_delivers_every_final(served, jfk):
     base, proc = served
     url = base.replace("http://", "ws://")
@@ -308,51 +357,3 @@ def test_sigterm_with_streams_on_both_gateways_delivers_every_final(served, jfk)
         last_final = [e for e in events if e["type"] == "final"][-1]
         assert "country" in last_final["text"].lower() and last_final["end"] > 5.0
 
-
-def _group(pgid: int) -> list[int]:
-    """Processes in process group `pgid` (a gateway calls setsid: its children share its pid as pgid)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rpartition(")")[2].split()[3]) == pgid:
-                        members.append(int(entry))
-    return members
-
-
-def test_a_killed_gateway_takes_its_decoders_along_and_the_cores_drop_its_windows(served, jfk_path, manifest,
-                                                                                 tmp_path):
-    """kill -9 the gateway serving a long upload: its upload decoder processes go with it (they stayed
-    as orphans), and the cores cancel its windows, which nobody will collect (a later 11-s upload
-    waited 27-32 s behind them, session 27's QA)."""
-    base, proc = served
-    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
-    long = np.tile(decode_audio(row["audio"]), 3)  # 18 minutes: ~36 windows of engine work
-    write_wav(tmp_path / "long.wav", long)
-    body = (tmp_path / "long.wav").read_bytes()
-    cores = [c["pid"] for c in _health(base)["engine_cores"]]
-
-    def upload():
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.post(base + "/v1/audio/transcriptions", files={"file": ("long.wav", body)},
-                       data={"model": "whisper-1"}, timeout=300)
-
-    threading.Thread(target=upload, daemon=True).start()
-    give_up, victim = time.monotonic() + 60, None
-    while victim is None and time.monotonic() < give_up:  # the gateway whose decoders took the upload
-        victim = next((g for g in _gateway_pids(proc.pid, cores) if len(_group(g)) > 1), None)
-        time.sleep(0.2)
-    assert victim is not None, "no gateway started upload decoders"
-    time.sleep(3.0)  # decoded, windows submitted
-    os.kill(victim, signal.SIGKILL)
-    time.sleep(2.0)  # the supervisor notices within 0.2 s, kills the group, tells the cores
-    assert _group(victim) == [], _group(victim)
-    _wait_healthy(base, proc)
-    with open(jfk_path, "rb") as f:
-        start = time.monotonic()
-        r = httpx.post(base + "/v1/audio/transcriptions", files={"file": ("jfk.ogg", f.read())},
-                       data={"model": "whisper-1"}, timeout=300)
-    took = time.monotonic() - start
-    assert r.status_code == 200 and "country" in r.json()["text"].lower()
-    assert took < 8.0, f"an 11-s upload took {took:.1f} s behind a dead gateway's windows"

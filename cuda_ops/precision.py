@@ -81,8 +81,8 @@ class PrecisionConfig:
     step). "hybrid": the absorbed cache plus fp16 K/V for the first `hybrid_kv_slots` slots; a decoder
     call whose slots all lie below that reads the K/V (cuDNN's attention, one kernel a layer: the
     absorbed path's four lose at 1-8 rows, 0.76x at one large-v3 window on an H100, docs/benchmarks.md
-    session 24), a larger one reads X. "auto" (opt-in until the hybrid is measured on the H200):
-    "hybrid" where the absorbed path's tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py: CUDA,
+    session 24), a larger one reads X. "auto" (full_fp16's, measured on an H100 in session 28):
+    "hybrid" for models at least `HYBRID_MIN_WIDTH` wide where the absorbed path's tensor-core kernel runs (cuda_ops/cross_absorbed_mma.py: CUDA,
     fp16, sm80+, widths a multiple of 128 up to 1280) and `absorbable`, else "fp16"
     (`streamer.model.fused.cross_cache_format` decides)."""
 
@@ -135,8 +135,9 @@ class PrecisionConfig:
 
 
 def full_fp16() -> PrecisionConfig:
-    """Every linear and cache in fp16: the reference for quality."""
-    return PrecisionConfig()
+    """Every linear and cache in fp16: the reference for quality. The cross cache is "auto": the
+    hybrid cache (fp16 too, read through the absorbed path past 16 rows) for wide models on CUDA."""
+    return PrecisionConfig(cross_kv_cache="auto")
 
 
 def mixed_fp8() -> PrecisionConfig:

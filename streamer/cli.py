@@ -23,7 +23,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args, **server):
-    return load_settings(model={"model": args.model, "device": args.device, "dtype": args.dtype}, server=server)
+    """The settings of the environment and the flags; a bad value ends the command (exit 2)."""
+    try:
+        return load_settings(model={"model": args.model, "device": args.device, "dtype": args.dtype}, server=server)
+    except ValueError as e:
+        print(f"streamer: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,10 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         from streamer.server.supervisor import serve as run_server
 
         logging.getLogger("streamer").setLevel(log_level("INFO"))
-        run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers,
+        return run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers,
                              ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
                              allowed_origins=args.allowed_origins))
-        return 0
     if args.command == "transcribe":
         if args.word_timestamps and args.format != "verbose_json":
             parser.error(f"--word-timestamps needs --format verbose_json (not {args.format}), as the API's words do")

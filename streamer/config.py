@@ -6,9 +6,16 @@ Each dataclass is frozen: configuration flows down, nothing mutates it at run ti
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+LONG_FORM_MODES = ("fast", "accurate")
+"""The file endpoints' long-form modes (`streamer/longform`, docs/longform.md)."""
+ACCEPT_MODES = ("shared", "reuseport")
+"""How gateway workers share the port (`ServerConfig.accept`)."""
 
 
 @dataclass(frozen=True)
@@ -291,12 +298,18 @@ def log_level(default: str, env: Mapping[str, str] | None = None) -> str:
     return (os.environ if env is None else env).get("LOG_LEVEL", default)
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _coerce(value: str, kind: Any) -> Any:
     kind = str(kind)
     if value == "" and "None" in kind:
         return None
     if kind.startswith("bool"):
-        return value.strip().lower() in ("1", "true", "yes", "on")
+        text = value.strip().lower()
+        if text not in _TRUE + _FALSE:
+            raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE)}")
+        return text in _TRUE
     if kind.startswith("int"):
         return int(value)
     if kind.startswith("float"):
@@ -322,4 +335,110 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Mapping[str
                 raise ValueError(f"environment variable {var}={env[var]!r}: {e}") from None
     for section, values in overrides.items():
         sections[section].update({k: v for k, v in values.items() if v is not None})
-    return Settings(**{s: dataclasses.replace(getattr(settings, s), **v) for s, v in sections.items()})
+    settings = Settings(**{s: dataclasses.replace(getattr(settings, s), **v) for s, v in sections.items()})
+    check_settings(settings)
+    return settings
+
+
+# (section, field) -> (low, high, low excluded): the range of every numeric setting. An int field
+# must hold an int, every value must be finite; None fields (sized from the device) may be None.
+RANGES: dict[tuple[str, str], tuple[float | None, float | None, bool]] = {
+    ("engine", "max_slots"): (1, None, False),
+    ("engine", "max_encoder_batch"): (1, None, False),
+    ("engine", "max_queue"): (1, None, False),
+    ("engine", "encode_while_finals"): (0, None, False),
+    ("engine", "max_new_tokens"): (1, 448, False),
+    ("engine", "vram_limit_gb"): (0, None, True),
+    ("engine", "step_sms"): (0, None, False),
+    ("streaming", "partial_interval_s"): (0, None, True),
+    ("streaming", "partial_interval_max_s"): (0, None, True),
+    ("streaming", "final_budget_s"): (0, None, True),
+    ("streaming", "prompt_max_tokens"): (0, 223, False),
+    ("streaming", "prompt_reset_pause_s"): (0, None, True),
+    ("streaming", "acoustic_context_pause_s"): (0, None, True),
+    ("streaming", "continue_after_s"): (0, None, False),
+    ("server", "port"): (0, 65535, False),
+    ("server", "workers"): (0, 256, False),
+    ("server", "max_sessions"): (1, None, False),
+    ("server", "idle_timeout_s"): (0, None, True),
+    ("server", "max_message_bytes"): (1024, None, False),
+    ("server", "max_upload_mb"): (0, None, True),
+    ("server", "max_audio_s"): (0, None, True),
+    ("server", "shutdown_grace_s"): (0, None, False),
+    ("server", "max_backlog_s"): (0, None, False),
+    ("server", "vad_batch_ms"): (0, 1000, False),
+    ("server", "max_loop_lag_s"): (0, None, False),
+    ("server", "max_outbox_bytes"): (1024, None, False),
+    ("server", "send_timeout_s"): (0, None, True),
+    ("server", "max_connections_per_client"): (0, None, False),
+    ("server", "first_audio_timeout_s"): (0, None, True),
+    ("server", "upload_decoders"): (0, 64, False),
+    ("server", "upload_idle_timeout_s"): (0, None, True),
+    ("server", "sse_keepalive_s"): (0, None, True),
+    ("server", "resume_s"): (0, None, False),
+    ("server", "worker_id"): (0, None, False),
+}
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("model", "dtype"): ("auto", "float16", "bfloat16", "float32"),
+    ("model", "cpu_encoder"): ("auto", "float32", "bfloat16"),
+    ("streaming", "task"): ("transcribe", "translate"),
+    ("server", "accept"): ACCEPT_MODES,
+    ("server", "mode"): LONG_FORM_MODES,
+}
+_DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?)$")
+_ONE_DEVICE = re.compile(r"(cpu|cuda:\d+)$")
+
+
+def parse_ice_servers(raw: str) -> list[dict]:
+    """`ServerConfig.webrtc_ice_servers` (env `WEBRTC_ICE_SERVERS`): a JSON list in
+    `RTCPeerConnection`'s `iceServers` format; [] if empty."""
+    if not raw.strip():
+        return []
+    try:
+        servers = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"WEBRTC_ICE_SERVERS is not valid JSON: {e}") from None
+    if not isinstance(servers, list) or not all(isinstance(s, dict) and "urls" in s for s in servers):
+        raise ValueError("WEBRTC_ICE_SERVERS must be a JSON list of objects with `urls`")
+    return servers
+
+
+def setting_name(section: str, name: str) -> str:
+    """How a user sets a field: its environment variable, else `section.field`."""
+    return next((var for var, key in ENV_VARS.items() if key == (section, name)), f"{section}.{name}")
+
+
+def check_settings(settings: Settings) -> None:
+    """Ranges and choices of the settings (ValueError naming the variable): a bad value stops
+    `streamer serve` at once with one line, instead of crash-looping a child process or being
+    accepted and breaking every request."""
+    from streamer.protocols import validation as v  # plain Python: no torch, no server
+
+    for (section, name), (low, high, open_low) in RANGES.items():
+        value = getattr(getattr(settings, section), name)
+        if value is not None:
+            is_int = str({f.name: f.type for f in dataclasses.fields(getattr(settings, section))}[name]).startswith("int")
+            v.number(value, setting_name(section, name), low, high, open_low=open_low, integer=is_int)
+    for (section, name), choices in CHOICES.items():
+        v.choice(getattr(getattr(settings, section), name), setting_name(section, name), choices)
+    device = settings.model.device
+    parts = [d.strip() for d in device.split(",")]
+    if not (_DEVICE.match(device) or (len(parts) > 1 and all(_ONE_DEVICE.match(d) for d in parts))):
+        raise v.ValidationError("DEVICE", f"must be auto, cpu, cuda, cuda:N or a list (cuda:0,cuda:1), not {device!r}")
+    if not settings.model.model.strip():
+        raise v.ValidationError("MODEL_ID", "must name a model")
+    from cuda_ops.precision import get_preset  # dataclasses only
+
+    try:
+        get_preset(settings.model.precision)
+    except ValueError as e:
+        raise v.ValidationError("PRECISION", str(e)) from None
+    streaming = settings.streaming
+    if streaming.partial_interval_max_s < streaming.partial_interval_s:
+        raise v.ValidationError("PARTIAL_INTERVAL_MAX_S", f"{streaming.partial_interval_max_s:g} is below "
+                                f"PARTIAL_INTERVAL_S ({streaming.partial_interval_s:g})")
+    server = settings.server
+    if bool(server.ssl_certfile) != bool(server.ssl_keyfile):
+        raise v.ValidationError("SSL_KEYFILE" if server.ssl_certfile else "SSL_CERTFILE",
+                                "SSL_CERTFILE and SSL_KEYFILE go together")
+    parse_ice_servers(server.webrtc_ice_servers)

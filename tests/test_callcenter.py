@@ -384,6 +384,11 @@ def test_deepgram_errors_in_its_shape(base):
             assert metadata["type"] == "Metadata" and metadata["duration"] == pytest.approx(0.2, abs=0.01)
 
     asyncio.run(run())
+    # The pre-recorded POST answers in Deepgram's shape and counts in `streamer_errors_total`.
+    r = httpx.post(base + "/v1/listen", content=b"not audio at all", headers=token, timeout=60)
+    assert r.status_code == 400 and r.json()["err_code"] == "UNSUPPORTED_MEDIA", r.text
+    metrics = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
+    assert 'streamer_errors_total{code="UNSUPPORTED_MEDIA"} 1.0' in metrics
 
 
 def test_audio_keeps_deepgram_and_twilio_streams_past_the_first_audio_timeout(engine):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -92,3 +94,20 @@ def test_option_mistakes_are_refused_before_any_work(jfk_path, tmp_path):
     assert out.returncode == 2 and "English-only" in out.stderr and out.stdout == ""
     out = run("transcribe", jfk_path, jfk_path, "--output-dir", str(tmp_path))
     assert out.returncode == 2 and "same name" in out.stderr
+
+
+def test_serve_with_a_bad_setting_says_so_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "streamer.cli", "serve", "--port", "0"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "MAX_QUEUE": "-1"})
+    assert out.returncode == 2
+    assert out.stderr.strip() == "streamer: MAX_QUEUE: -1 is outside 1 <= x"
+
+
+def test_serve_stops_when_the_model_does_not_load_instead_of_restarting_it_forever(tmp_path):
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "streamer.cli", "serve", "--port", "0"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "MODEL_ID": str(tmp_path / "missing")})
+    assert out.returncode == 1, out.stderr
+    assert "no such directory" in out.stderr and "before it was ready" in out.stderr
+    assert "restarting" not in out.stderr
+    assert time.monotonic() - t0 < 60

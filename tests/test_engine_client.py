@@ -8,6 +8,8 @@ import asyncio
 import multiprocessing
 import time
 
+import numpy as np
+
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig, ModelConfig
 from streamer.engine import protocol as p
@@ -44,3 +46,37 @@ def test_a_gateway_that_fell_behind_keeps_its_live_core(tmp_path, jfk_path):
         core.terminate()
         core.join(60)
         assert core.exitcode is not None
+
+
+def test_a_long_upload_completes_under_a_small_queue_through_an_engine_core(tmp_path, manifest):
+    """MAX_QUEUE=2 (uploads may hold 1): the gateway's figures of the core's queue are a stats period
+    old, so it sends a recording's windows that the core then refuses; a recording under way queues
+    them again and completes on an idle server (every window after the first was a 429 before)."""
+    from streamer.longform import transcribe_long
+
+    spec = CoreSpec(index=0, model=ModelConfig(model="tiny.en", device="cpu"),
+                    engine=EngineConfig(max_slots=4, max_queue=2),
+                    input_address=f"ipc://{tmp_path}/in", output_address=f"ipc://{tmp_path}/out", cpu_threads=1)
+    core = multiprocessing.get_context("spawn").Process(target=run_core, args=(spec,))
+    core.start()
+    clips = [r for r in manifest if r["language"] == "en" and 8 < r["duration"] < 20][:5]
+    pause = np.zeros(16000, np.float32)
+    audio = np.concatenate([x for r in clips for x in (decode_audio(r["audio"]), pause)])
+    assert len(audio) > 60 * 16000  # three windows at least
+
+    async def run():
+        client = await EngineClient([(spec.input_address, spec.output_address)]).start(timeout=120)
+        try:
+            transcript = await asyncio.wait_for(transcribe_long(client, audio, mode="fast"), 240)
+        finally:
+            await client.close()
+        return transcript
+
+    try:
+        transcript = asyncio.run(run())
+    finally:
+        core.terminate()
+        core.join(60)
+    words = transcript.text.lower().split()
+    assert len(words) > 100
+    assert len({round(s.start // 30) for s in transcript.segments}) >= 3  # every window has text

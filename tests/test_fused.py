@@ -317,24 +317,26 @@ def test_a_hybrid_engine_on_cuda_transcribes_as_fp16_kv(clips):
 
 
 def test_auto_cross_cache_is_hybrid_only_where_the_tensor_core_kernel_runs():
-    """An "auto" cross cache is the hybrid cache (absorbed with an fp16 K/V pool) where cuda_ops/cross_absorbed_mma.py runs (CUDA,
-    fp16, widths a multiple of 128 up to 1280), fp16 K/V elsewhere (the CPU here); a format asked for
-    by name is kept as it is."""
+    """An "auto" cross cache (full_fp16's) is the hybrid cache (absorbed with an fp16 K/V pool) where
+    cuda_ops/cross_absorbed_mma.py runs (CUDA, fp16, widths a multiple of 128 up to 1280) on models at
+    least `HYBRID_MIN_WIDTH` wide, fp16 K/V elsewhere (the CPU here); a format asked for by name is kept."""
     from streamer.model.fused import cross_cache_format
 
     auto = "full_fp16:cross_kv_cache=auto"
     dims = ModelDims(n_mels=80, n_audio_ctx=1500, n_audio_state=384, n_audio_head=6, n_audio_layer=1,
                      n_vocab=51864, n_text_ctx=448, n_text_state=384, n_text_head=6, n_text_layer=1)
     cpu = Whisper(dims)
-    assert get_preset("full_fp16").cross_kv_cache == "fp16"
+    assert get_preset("full_fp16").cross_kv_cache == "auto"
     assert cross_cache_format(cpu, get_preset(auto)) == "fp16"
     assert cross_cache_format(cpu, get_preset("full_fp16:cross_kv_cache=absorbed")) == "absorbed"
     assert cross_cache_format(cpu, get_preset("mixed_fp8")) == "int4"
     if not torch.cuda.is_available():
         return
-    half = Whisper(dims).to("cuda", torch.float16)
+    assert cross_cache_format(Whisper(dims).to("cuda", torch.float16), get_preset(auto)) == "fp16"  # tiny's width
+    wide = dataclasses.replace(dims, n_audio_state=1280, n_text_state=1280, n_audio_head=20, n_text_head=20)
+    half = Whisper(wide).to("cuda", torch.float16)
     assert cross_cache_format(half, get_preset(auto)) == "hybrid"
-    assert cross_cache_format(half, get_preset("full_fp16")) == "fp16"
+    assert cross_cache_format(half, get_preset("full_fp16:cross_kv_cache=fp16")) == "fp16"
     assert cross_cache_format(half, get_preset(auto + ":cross_kv_proj=fp8")) == "fp16"  # its weights fold per step
     assert cross_cache_format(half, get_preset(auto + ":use_fused_layernorm=0")) == "fp16"
     assert cross_cache_format(half.float(), get_preset(auto)) == "fp16"

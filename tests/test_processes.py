@@ -258,15 +258,18 @@ def test_a_gateway_that_cannot_accept_is_given_no_connections(served):
     assert _health(base).get("status") == "ok"
 
 
-def _group(pgid: int) -> list[int]:
-    """Processes in process group `pgid` (a gateway calls setsid: its children share its pid as pgid)."""
+def _group(pgid: int) -> list[str]:
+    """Live processes of session `pgid` (a gateway calls setsid: its children are in its session),
+    as "pid state". Zombies do not count: they are dead, waiting for a parent to reap them (orphans
+    go to this container's init, which may take its time)."""
     members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rpartition(")")[2].split()[3]) == pgid:
-                        members.append(int(entry))
+                    state, _, _, session = f.read().rpartition(")")[2].split()[:4]
+                if int(session) == pgid and state not in ("Z", "X"):
+                    members.append(f"{entry} {state}")
     return members
 
 

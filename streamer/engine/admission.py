@@ -82,15 +82,15 @@ class Refused:
 class QueueFull(Exception):
     """A window was refused: the engine queue is filled to its class's share (HTTP 429 / stream error)."""
 
-    def __init__(self, depth: int, bound: int, priority: Priority, retry_after_s: float = 1.0) -> None:
+    def __init__(self, depth: int, bound: int, priority: Priority, retry_after_s: float = 1.0,
+                 message: str | None = None) -> None:
+        """`message`: the engine core's own words, where its figures are newer than the caller's."""
         self.depth = depth
         self.bound = bound
         self.priority = priority
         self.retry_after_s = retry_after_s
-        super().__init__(
-            f"engine queue full: {depth} windows queued, {priority.name.lower()} requests "
-            f"are refused from {bound}; retry later"
-        )
+        super().__init__(message or f"engine queue full: {depth} windows queued, {priority.name.lower()} requests "
+                                    f"are refused from {bound}; retry later")
 
 
 def admit(kind: Kind, queue_depth: int, quotas: Quotas) -> Refused | None:

@@ -306,7 +306,7 @@ class EngineClient:
             return
         error = {"queue_full": lambda: QueueFull(int(core.metrics.get("queue_depth", 0)),
                                                  core.ready.max_queue if core.ready else 0, handle.priority,
-                                                 core.quotas.retry_after_s if core.quotas else 1.0),
+                                                 core.quotas.retry_after_s if core.quotas else 1.0, m.error),
                  "closed": lambda: EngineClosed(m.error), "cancelled": lambda: Cancelled(m.error),
                  "invalid": lambda: ValueError(m.error)}.get(m.kind, lambda: RuntimeError(m.error))()
         self._forget(core, handle, None, error)

@@ -32,6 +32,10 @@ from streamer.engine.scheduler import QueueFull
 
 log = logging.getLogger("streamer.engine.core")
 
+GONE_KEPT = 1024
+"""Gateways remembered after their Bye, whose late messages are dropped (names carry a pid: a
+restarted gateway has a new one)."""
+
 
 @dataclass(frozen=True)
 class CoreSpec:
@@ -46,6 +50,9 @@ class CoreSpec:
     """Bound PUB socket: replies under each gateway's topic, `Stats` under `ALL`."""
     cpu_threads: int | None = None
     """torch intra-op threads of the model thread on the CPU (None: torch's default)."""
+    ready_path: str | None = None
+    """A file created once the model is loaded and warm: the supervisor restarts a core that dies
+    after it, and stops the server when one dies before (a bad model or device would only loop)."""
 
 
 def _error_kind(error: Exception) -> str:
@@ -79,6 +86,8 @@ class Core:
         """Request id -> gateway topic, for windows in the engine (input loop and callbacks)."""
         self.lock = threading.Lock()
         self.stopping = False
+        self.gone: dict[str, None] = {}
+        """Gateways that said Bye (or the supervisor for them), oldest first (input loop only)."""
         self.ipc = {"ipc_bytes_in": 0.0, "ipc_bytes_out": 0.0, "ipc_in_cpu_s": 0.0, "ipc_out_cpu_s": 0.0}
         """What the IPC costs this process: bytes received and published, CPU seconds of the two
         I/O threads (decoding and encoding messages, socket calls)."""
@@ -186,6 +195,11 @@ class Core:
             on_done(None, e)
 
     def _bye(self, gateway: str) -> None:
+        # Its Submits may still be on their way over its own connection (the supervisor says Bye for a
+        # killed gateway over another): those are dropped as they come.
+        self.gone[gateway] = None
+        while len(self.gone) > GONE_KEPT:
+            self.gone.pop(next(iter(self.gone)))
         with self.lock:
             ids = [rid for rid, topic in self.owner.items() if topic == gateway]
         for rid in ids:
@@ -209,6 +223,8 @@ class Core:
                 except Exception:
                     log.exception("core %d: a message it cannot read", self.spec.index)
                     continue
+                if isinstance(m, (p.Submit, p.Align)) and m.gateway in self.gone:
+                    continue  # nobody is left to collect it
                 if isinstance(m, p.Submit):
                     self._submit(m)
                 elif isinstance(m, p.Cancel):
@@ -251,4 +267,6 @@ def run_core(spec: CoreSpec) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info("serving %s on %s", engine.model_name, engine.device)
+    if spec.ready_path:
+        open(spec.ready_path, "w").close()
     core.run()

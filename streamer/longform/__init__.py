@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from streamer.config import LONG_FORM_MODES
 from streamer.engine.request import DecodeOptions
 from streamer.longform.accurate import transcribe_accurate
 from streamer.longform.fast import transcribe_fast
 from streamer.longform.transcript import Transcript, TranscriptSegment
 
-MODES = ("fast", "accurate")
+MODES = LONG_FORM_MODES
 
 __all__ = ["MODES", "Transcript", "TranscriptSegment", "transcribe_long"]
 

@@ -46,13 +46,22 @@ async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOption
 
 async def decode_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Result:
     """Decode one window (≤ 30 s) with the engine's temperature fallback over `options.temperatures`,
-    which keeps the best attempt when none passes the checks (`decoding.best_attempt`)."""
-    handle = await submit_window(engine, audio, options, started=started)
-    try:
-        return await handle.result()
-    except asyncio.CancelledError:  # the caller went away: free the engine's slot
-        handle.cancel()
-        raise
+    which keeps the best attempt when none passes the checks (`decoding.best_attempt`). A window of a
+    recording under way that the engine core refuses (its queue filled after the gateway's last
+    figures of it) is queued again after a pause, as `submit_window` does."""
+    delay = RETRY_FIRST_S
+    while True:
+        handle = await submit_window(engine, audio, options, started=started)
+        try:
+            return await handle.result()
+        except QueueFull:
+            if not started:
+                raise
+        except asyncio.CancelledError:  # the caller went away: free the engine's slot
+            handle.cancel()
+            raise
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, RETRY_MAX_S)
 
 
 async def detect_language(engine: Engine, audio: np.ndarray, options: DecodeOptions) -> str:

@@ -305,13 +305,21 @@ def apply_precision(model: Whisper, config: PrecisionConfig) -> Whisper:
     return with_children(model, encoder=encoder, decoder=decoder)
 
 
+HYBRID_MIN_WIDTH = 1024
+""""auto" picks the hybrid cache for models at least this wide (medium, large, turbo). On an H100
+(session 28) it won at large-v3's width (rtf 1,837 -> 2,249 at 128 windows, and 256 windows fit) and
+turbo's (wall 0.91-0.98x at 1-256), and lost wall time at tiny.en's (1.07-1.35x at 128 windows),
+where a step is launch-bound and the cross K/V are small."""
+
+
 def cross_cache_format(model: Whisper, config: PrecisionConfig) -> str:
     """The cross-attention cache format `config` gives `model` (on its device and dtype): its
     `cross_kv_cache`, with "auto" resolved to "hybrid" where the absorbed path's tensor-core kernel runs
-    (from `hybrid_kv_slots` rows up one read of the encoder states a layer instead of K and V, 1/64 of
-    fp16 K/V's memory; below, fp16 K/V), else "fp16"."""
+    and the model is at least `HYBRID_MIN_WIDTH` wide (from `hybrid_kv_slots` rows up one read of the
+    encoder states a layer instead of K and V, 1/64 of fp16 K/V's memory; below, fp16 K/V), else "fp16"."""
     if config.cross_kv_cache != "auto":
         return config.cross_kv_cache
     p = next(model.parameters())
-    kernel = config.absorbable and cross_absorbed_mma.supported(p.device, p.dtype, model.dims.n_audio_state)
-    return "hybrid" if kernel else "fp16"
+    width = model.dims.n_audio_state
+    kernel = config.absorbable and cross_absorbed_mma.supported(p.device, p.dtype, width)
+    return "hybrid" if kernel and width >= HYBRID_MIN_WIDTH else "fp16"

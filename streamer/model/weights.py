@@ -331,6 +331,8 @@ def load_model(name: str = "tiny.en", device: str | torch.device = "cpu", dtype:
 
 def _download(hub_id: str) -> Path:
     """A Hugging Face hub id (needs network): its config, safetensors and tokenizer files."""
+    if hub_id.startswith(("/", ".", "~")):
+        raise WeightsError(f"{hub_id}: no such directory")
     if hub_id.count("/") != 1:
         raise WeightsError(f"{hub_id!r} is not an embedded model ({', '.join(EMBEDDED)}), a directory or a hub id")
     try:

@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from streamer.audio.vad import SileroVAD
-from streamer.config import Settings
+from streamer.config import Settings, parse_ice_servers
 from streamer.server import deepgram, files, realtime, redact, twilio
 from streamer.server.accept import SharedAcceptor
 from streamer.server.auth import AuthMiddleware
@@ -114,7 +114,7 @@ def create_app(settings: Settings, engine: Engine | None = None,
                        cadence=lambda: state.cadence.interval(time.monotonic()))
     webrtc = _webrtc()
     state = ServerState(settings=settings, engine=engine, vad=SileroVAD.shared(), metrics=metrics_,
-                        ice_servers=webrtc.parse_ice_servers(settings.server.webrtc_ice_servers) if webrtc else [])
+                        ice_servers=parse_ice_servers(settings.server.webrtc_ice_servers) if webrtc else [])
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -152,10 +152,15 @@ async def listen_file(request: Request) -> JSONResponse:
     `encoding`), Deepgram's pre-recorded response shape."""
     state: ServerState = request.app.state.streamer
     request_id = str(uuid.uuid4())
+
+    def refuse(status: int, error: ListenError, retry_after_s: float | None = None) -> JSONResponse:
+        state.metrics.errors.labels(error.err_code).inc()  # `streamer_errors_total`, as every endpoint's
+        headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s is not None else None
+        return JSONResponse(error.http_body(request_id), status_code=status, headers=headers)
+
     engine = state.engine
     if engine is None or state.shutting_down:
-        return JSONResponse({"err_code": "SERVICE_UNAVAILABLE", "err_msg": "the server is not ready",
-                             "request_id": request_id}, status_code=503)
+        return refuse(503, ListenError("the server is not ready", "SERVICE_UNAVAILABLE"))
     started = time.monotonic()
     try:
         options = parse_options(_query(request.scope), state.settings.streaming, engine.tokenizer.multilingual,
@@ -169,8 +174,8 @@ async def listen_file(request: Request) -> JSONResponse:
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_bytes:
-                return JSONResponse(ListenError(f"the body is over the {limits.max_upload_mb:g} MB limit",
-                                                "PAYLOAD_TOO_LARGE").http_body(request_id), status_code=413)
+                return refuse(413, ListenError(f"the body is over the {limits.max_upload_mb:g} MB limit",
+                                               "PAYLOAD_TOO_LARGE"))
         if options.encoding is not None:
             audio = await asyncio.to_thread(_decode_raw, bytes(body), options)
         else:
@@ -187,20 +192,17 @@ async def listen_file(request: Request) -> JSONResponse:
         log.info("a /v1/listen client disconnected before its answer: its work is dropped")
         return Response(status_code=400)  # never read: the connection is gone
     except ListenError as e:
-        return JSONResponse(e.http_body(request_id), status_code=400)
+        return refuse(400, e)
     except AudioTooLarge as e:
-        return JSONResponse(ListenError(str(e), "PAYLOAD_TOO_LARGE").http_body(request_id), status_code=413)
+        return refuse(413, ListenError(str(e), "PAYLOAD_TOO_LARGE"))
     except AudioDecodeError as e:
-        return JSONResponse(ListenError(str(e), "UNSUPPORTED_MEDIA").http_body(request_id), status_code=400)
+        return refuse(400, ListenError(str(e), "UNSUPPORTED_MEDIA"))
     except EngineUnavailable as e:  # an engine core died under the request
-        return JSONResponse({"err_code": "SERVICE_UNAVAILABLE", "err_msg": str(e), "request_id": request_id},
-                            status_code=503, headers={"Retry-After": "5"})
+        return refuse(503, ListenError(str(e), "SERVICE_UNAVAILABLE"), retry_after_s=5)
     except QueueFull as e:
-        return JSONResponse({"err_code": "TOO_MANY_REQUESTS", "err_msg": str(e), "request_id": request_id},
-                            status_code=429, headers={"Retry-After": str(max(1, round(e.retry_after_s)))})
+        return refuse(429, ListenError(str(e), "TOO_MANY_REQUESTS"), retry_after_s=e.retry_after_s)
     except EngineClosed:
-        return JSONResponse({"err_code": "SERVICE_UNAVAILABLE", "err_msg": "the server is shutting down",
-                             "request_id": request_id}, status_code=503)
+        return refuse(503, ListenError("the server is shutting down", "SERVICE_UNAVAILABLE"))
     duration = audio.shape[1] / SAMPLE_RATE
     state.metrics.observe_file(duration * len(transcripts), time.monotonic() - started)
     body_digest = hashlib.sha256(body).hexdigest()

@@ -210,6 +210,7 @@ async def _events(engine, audio, run: dict, state, started: float, keepalive_s: 
         except (QueueFull, EngineClosed, EngineUnavailable) as e:
             error = (_shutting_down() if isinstance(e, EngineClosed) else _unavailable(e)
                      if isinstance(e, EngineUnavailable) else ApiError(429, str(e), "rate_limit_exceeded"))
+            state.metrics.errors.labels(error.code).inc()
             yield _sse(error_body(error.message, error.code, type_=error.type))
             return
         _observe(state, transcript, started)

@@ -15,7 +15,9 @@ late while the other six ran under 0.1 s, session 9).
 Each gateway holds an `EngineClient` of every core. A connection that needs what another gateway
 holds (a resumed `/v1/stream` session, a Twilio call's subscriber) is relayed to it over that
 gateway's Unix socket (`server/relay.py`). The supervisor restarts a child that dies
-(a core's gateways fail its in-flight windows at once and reconnect to the new one). On SIGTERM
+(a core's gateways fail its in-flight windows at once and reconnect to the new one), after a
+pause that doubles while it keeps dying soon after its start; a child that dies before it was
+ever ready (a model that does not load, a device that is not there) stops the server (exit 1). On SIGTERM
 or SIGINT it drains in order: the gateways first (they stop accepting, deliver the finals of open
 utterances, then close), then the cores (they finish what is left and exit).
 
@@ -47,12 +49,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamer.server")
 
 RESTART_DELAY_S = 1.0
-"""A child that died is started again after this pause (crash loops stay slow)."""
+"""A child that died is started again after this pause, doubled for each further death in a row
+that came less than `STABLE_S` after its start, up to `MAX_RESTART_DELAY_S` (crash loops stay slow)."""
+STABLE_S = 60.0
+MAX_RESTART_DELAY_S = 30.0
+STARTING_STOP_S = 2.0
+"""How long a child that was never ready gets to stop on SIGTERM."""
 CORE_STOP_S = 40.0
 """How long cores get to finish their work after the gateways are gone."""
 BACKLOG = 2048
 """Connections the kernel queues on the port before a gateway accepts them (handshake bursts)."""
-ACCEPT_MODES = ("shared", "reuseport")
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -139,10 +145,9 @@ class Supervisor:
 
         self.specs = [CoreSpec(index=i, model=dataclasses.replace(settings.model, device=d), engine=settings.engine,
                                input_address=f"ipc://{self.rundir}/core{i}-in",
-                               output_address=f"ipc://{self.rundir}/core{i}-out")
+                               output_address=f"ipc://{self.rundir}/core{i}-out",
+                               ready_path=os.path.join(self.rundir, f"core{i}.ready"))
                       for i, d in enumerate(devices)]
-        if settings.server.accept not in ACCEPT_MODES:
-            raise ValueError(f"GATEWAY_ACCEPT must be one of {', '.join(ACCEPT_MODES)}, not {settings.server.accept!r}")
         # Held for the supervisor's life: port 0 becomes a real port, and no other program takes
         # it between two worker restarts. With `shared` accepts it is the one listening socket.
         self.reservation = reuse_port_socket(settings.server.host, settings.server.port)
@@ -156,11 +161,17 @@ class Supervisor:
         self.cores: list[multiprocessing.Process | None] = [None] * len(self.specs)
         self.gateways: list[multiprocessing.Process | None] = [None] * self.n_workers
         self.stopping = threading.Event()
+        self.exit_code = 0
+        self.started: dict[tuple[str, int], float] = {}
+        self.failures: dict[tuple[str, int], int] = {}
+        """Deaths in a row, each less than `STABLE_S` after its start, per child."""
+        self.restart_at: dict[tuple[str, int], float] = {}
 
     def _start_core(self, i: int) -> None:
         proc = self.ctx.Process(target=_core_main, args=(self.specs[i],), name=f"streamer-core{i}")
         proc.start()
         self.cores[i] = proc
+        self.started["engine core", i] = time.monotonic()
         log.info("engine core %d (%s): pid %d", i, self.specs[i].model.device, proc.pid)
 
     def _start_gateway(self, i: int) -> None:
@@ -169,9 +180,11 @@ class Supervisor:
                                                           self.listener), name=f"streamer-gateway{i}")
         proc.start()
         self.gateways[i] = proc
+        self.started["gateway", i] = time.monotonic()
         log.info("gateway %d: pid %d", i, proc.pid)
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Serve until SIGTERM or SIGINT (0), or until a child dies before it was ever ready (1)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.stopping.set())
         for i in range(len(self.specs)):
@@ -185,23 +198,47 @@ class Supervisor:
                 self._restart_dead()
         finally:
             self.stop()
+        return self.exit_code
+
+    def _was_ready(self, kind: str, i: int) -> bool:
+        """The child has loaded and served once (its marker outlives its restarts)."""
+        if kind == "engine core":
+            return os.path.exists(self.specs[i].ready_path)
+        return os.path.exists(os.path.join(self.rundir, "serving", f"gw{i}"))  # `Peers.mark_serving`
 
     def _restart_dead(self) -> None:
         from prometheus_client import multiprocess
 
+        now = time.monotonic()
         for kind, procs, start in (("engine core", self.cores, self._start_core),
                                    ("gateway", self.gateways, self._start_gateway)):
             for i, proc in enumerate(procs):
-                if proc is not None and not proc.is_alive():
-                    log.error("%s %d (pid %d) exited with %s; restarting", kind, i, proc.pid, proc.exitcode)
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)  # its children (upload decoders) go with it: setsid
-                    if kind == "gateway":
-                        multiprocess.mark_process_dead(proc.pid)
-                        self._forget_gateway(f"gw{i}-{proc.pid}")
-                    time.sleep(RESTART_DELAY_S)
-                    if not self.stopping.is_set():
+                key = (kind, i)
+                if proc is None:
+                    if key in self.restart_at and now >= self.restart_at[key] and not self.stopping.is_set():
+                        del self.restart_at[key]
                         start(i)
+                    continue
+                if proc.is_alive():
+                    continue
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # its children (upload decoders) go with it: setsid
+                if kind == "gateway":
+                    multiprocess.mark_process_dead(proc.pid)
+                    self._forget_gateway(f"gw{i}-{proc.pid}")
+                procs[i] = None
+                if not self._was_ready(kind, i):
+                    # A bad model, device or setting: every restart would die the same way.
+                    log.error("%s %d (pid %d) exited with %s before it was ready (its log is above): "
+                              "stopping the server", kind, i, proc.pid, proc.exitcode)
+                    self.exit_code = 1
+                    self.stopping.set()
+                    return
+                short = now - self.started[key] < STABLE_S
+                self.failures[key] = self.failures.get(key, 0) + 1 if short else 0
+                delay = min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * 2 ** max(0, self.failures[key] - 1))
+                self.restart_at[key] = now + delay
+                log.error("%s %d (pid %d) exited with %s; restarting in %.0f s", kind, i, proc.pid, proc.exitcode, delay)
 
     def _forget_gateway(self, gateway: str) -> None:
         """A gateway died without its `Bye`: the cores cancel its windows, which nobody will collect
@@ -223,16 +260,18 @@ class Supervisor:
             ctx.term()
 
     def stop(self) -> None:
-        """Drain: gateways first (finals delivered), then cores; kill what overstays."""
+        """Drain: gateways first (finals delivered), then cores; kill what overstays. A child still
+        starting has nothing to drain (a gateway waiting for its cores takes no SIGTERM until then)."""
         grace = self.settings.server.shutdown_grace_s + 15.0
-        for procs, timeout in ((self.gateways, grace), (self.cores, CORE_STOP_S)):
+        for kind, procs, drain_s in (("gateway", self.gateways, grace), ("engine core", self.cores, CORE_STOP_S)):
             for proc in procs:
                 if proc is not None and proc.is_alive():
                     proc.terminate()  # SIGTERM
-            deadline = time.monotonic() + timeout
-            for proc in procs:
+            start = time.monotonic()
+            for i, proc in enumerate(procs):
                 if proc is not None:
-                    proc.join(max(0.0, deadline - time.monotonic()))
+                    timeout = drain_s if self._was_ready(kind, i) else STARTING_STOP_S
+                    proc.join(max(0.0, start + timeout - time.monotonic()))
                     if proc.is_alive():
                         log.error("%s did not stop within %.0f s: killed", proc.name, timeout)
                         proc.kill()
@@ -241,11 +280,11 @@ class Supervisor:
         shutil.rmtree(self.rundir, ignore_errors=True)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings) -> int:
     """`streamer serve`. WORKERS=0 runs the old single process (gateway and engine together)."""
     if settings.server.workers == 0:
         from streamer.server.app import build_server, create_app
 
         build_server(create_app(settings), settings.server.host, settings.server.port).run()
-        return
-    Supervisor(settings).run()
+        return 0
+    return Supervisor(settings).run()

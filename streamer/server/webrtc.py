@@ -47,20 +47,6 @@ MAX_OFFER_BYTES = 256 * 1024
 """Largest offer body (an SDP offer is a few KB): read no further than this."""
 
 
-def parse_ice_servers(raw: str) -> list[dict]:
-    """`ServerConfig.webrtc_ice_servers` (env `WEBRTC_ICE_SERVERS`): a JSON list in
-    `RTCPeerConnection`'s `iceServers` format; [] if empty."""
-    if not raw.strip():
-        return []
-    try:
-        servers = json.loads(raw)
-    except ValueError as e:
-        raise ValueError(f"WEBRTC_ICE_SERVERS is not valid JSON: {e}") from None
-    if not isinstance(servers, list) or not all(isinstance(s, dict) and "urls" in s for s in servers):
-        raise ValueError("WEBRTC_ICE_SERVERS must be a JSON list of objects with `urls`")
-    return servers
-
-
 def _error(status: int, code: str, message: str, param: str | None = None, headers: dict | None = None,
            state: ServerState | None = None) -> JSONResponse:
     if state is not None:

@@ -237,7 +237,7 @@ def test_fp8_nan_stays_visible():
 
 def test_presets():
     full = precision.full_fp16()
-    assert full == precision.PrecisionConfig() and "fp8" not in vars(full).values()
+    assert full == precision.PrecisionConfig(cross_kv_cache="auto") and "fp8" not in vars(full).values()
     mixed = precision.get_preset("mixed_fp8")
     assert (mixed.encoder_qkv, mixed.encoder_ffn, mixed.cross_kv_cache) == ("fp8", "fp8", "int4")
     assert (mixed.encoder_out_proj, mixed.decoder_self_qkv, mixed.decoder_cross_q, mixed.decoder_ffn) == ("fp16",) * 4

@@ -12,7 +12,7 @@
 #    full_fp16:cross_kv_cache=auto (hybrid where the kernel runs) at BATCHES (H200: 1,8,16,32,128,256; else
 #    1,8,16,32,128); on an H200 against every recorded bench_engine*_h200.json (--baseline: rows > 10 % slower flagged);
 # 3. probe_absorbed.py at PROBE_ROWS (one layer: cuDNN over K/V against the absorbed path), if time is left.
-# Env: BATCHES, HF_BATCHES (transformers' windows; none by default), PRECISIONS (full_fp16,full_fp16:cross_kv_cache=auto), SHAPES (large-v3), PROBE_ROWS (256,128,32,8,1), SKIP_TESTS=1, BUDGET_S (570).
+# Env: BATCHES, HF_BATCHES (transformers' windows; none by default), PRECISIONS (full_fp16:cross_kv_cache=fp16,full_fp16: fp16 K/V against the default, which since session 28 is the hybrid for wide models), SHAPES (large-v3), PROBE_ROWS (256,128,32,8,1), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-570}
@@ -34,7 +34,7 @@ esac
 t=$SECONDS
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 400 60) python3 bench_engine.py \
   --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --shapes "${SHAPES:-large-v3}" \
-  --batches "$batches" --hf-batches "${HF_BATCHES:-}" --precisions "${PRECISIONS:-full_fp16,full_fp16:cross_kv_cache=auto}" $baselines \
+  --batches "$batches" --hf-batches "${HF_BATCHES:-}" --precisions "${PRECISIONS:-full_fp16:cross_kv_cache=fp16,full_fp16}" $baselines \
   --out "bench_engine_s25_${card:-gpu}.json") 2>&1 | grep -v "seem to have been set" > "$OUT/bench_engine.log"
 echo "engine rc=${PIPESTATUS[0]} (3: rows > 10 % slower than a baseline) $((SECONDS - t)) s"
 tail -45 "$OUT/bench_engine.log"

@@ -362,6 +362,19 @@ def test_deepgram_sdk_prerecorded(base, stereo, tmp_path):
     assert r.status_code == 400 and r.json()["err_code"] == "INVALID_QUERY_PARAMETER"
 
 
+def test_raw_pcm_of_two_channels_is_one_channel_unless_multichannel(base, jfk):
+    """Headerless linear16 with `channels=2`: the channels' mean without `multichannel` (as a WAV of two
+    channels is), one transcript per channel with it."""
+    pcm = (np.repeat(jfk[:, None], 2, axis=1) * 32767).astype("<i2").tobytes()  # interleaved L R
+    for multichannel, n in (("false", 1), ("true", 2)):
+        r = httpx.post(base + f"/v1/listen?encoding=linear16&sample_rate=16000&channels=2&multichannel={multichannel}",
+                       content=pcm, headers={"Authorization": f"Token {KEY}"}, timeout=120)
+        assert r.status_code == 200, r.text
+        channels = r.json()["results"]["channels"]
+        assert len(channels) == n, multichannel
+        assert all("country" in c["alternatives"][0]["transcript"].lower() for c in channels)
+
+
 def test_deepgram_errors_in_its_shape(base):
     """A bad query parameter: `Error`, close 1008. An unknown control message: `Error`, and the
     stream goes on to `CloseStream` and `Metadata`."""

@@ -133,7 +133,8 @@ async def listen_endpoint(ws: WebSocket) -> None:
 # --- POST /v1/listen ---------------------------------------------------------------------------------
 
 def _decode_raw(body: bytes, options: ListenOptions) -> np.ndarray:
-    """Headerless audio (`encoding` given) -> [channels, N] at 16 kHz."""
+    """Headerless audio (`encoding` given) -> [channels, N] at 16 kHz; [1, N], the channels' mean,
+    unless `multichannel`, as containers are decoded."""
     frame = pcm_dtype(options.encoding).itemsize * options.channels
     body = body[: len(body) - len(body) % frame]
     if not body:
@@ -144,7 +145,8 @@ def _decode_raw(body: bytes, options: ListenOptions) -> np.ndarray:
         resampler = StreamResampler(options.sample_rate, 1, options.encoding)
         data = frames[:, c, :].tobytes()
         out.append(np.concatenate([resampler.push(data), resampler.flush()]))
-    return np.stack(out)
+    audio = np.stack(out)
+    return audio if options.multichannel else audio.mean(axis=0, keepdims=True)
 
 
 async def listen_file(request: Request) -> JSONResponse:
@@ -183,8 +185,6 @@ async def listen_file(request: Request) -> JSONResponse:
                                                mono=not options.multichannel)
         if audio.ndim == 1:
             audio = audio[None]
-        elif not options.multichannel and audio.shape[0] > 1:  # raw PCM of several channels
-            audio = audio.mean(axis=0, keepdims=True)
         decode = DecodeOptions(language=options.language)
         transcripts = await while_connected(request, asyncio.gather(*(
             transcribe_long(engine, a, mode=limits.mode, options=decode, word_timestamps=True) for a in audio)))

@@ -73,12 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=log_level("WARNING"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
-        from streamer.server.supervisor import serve as run_server
+        from streamer.server.supervisor import ServeError, serve as run_server
 
         logging.getLogger("streamer").setLevel(log_level("INFO"))
-        return run_server(_settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers,
+        settings = _settings(args, host=args.host, port=args.port, api_key=args.api_key, workers=args.workers,
                              ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                             allowed_origins=args.allowed_origins))
+                             allowed_origins=args.allowed_origins)
+        try:
+            return run_server(settings)
+        except ServeError as e:
+            print(f"streamer: cannot serve: {e}", file=sys.stderr)
+            return 2
     if args.command == "transcribe":
         if args.word_timestamps and args.format != "verbose_json":
             parser.error(f"--word-timestamps needs --format verbose_json (not {args.format}), as the API's words do")

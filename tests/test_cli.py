@@ -1,4 +1,5 @@
-"""`streamer transcribe` as a user runs it: a real process, real files, stdout/stderr separated."""
+"""`streamer transcribe` and `streamer serve` as a user runs them: a real process, real files, stdout/stderr
+separated, one line for a mistake."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import json
 import os
 import re
 import subprocess
+import socket
 import sys
 import time
 
 import numpy as np
 import pytest
+import torch
 
 from streamer.audio.decode import decode_audio, write_wav
 
@@ -111,3 +114,18 @@ def test_serve_stops_when_the_model_does_not_load_instead_of_restarting_it_forev
     assert "no such directory" in out.stderr and "before it was ready" in out.stderr
     assert "restarting" not in out.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_serve_on_a_port_in_use_or_a_missing_gpu_says_so_in_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "streamer.cli", "serve", "--port", str(port)], capture_output=True,
+                             text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("streamer: cannot serve: ") and "Traceback" not in out.stderr, out.stderr
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, "-m", "streamer.cli", "serve", "--port", "0"], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "DEVICE": "cuda"})
+        assert out.returncode == 2 and "no CUDA GPU" in out.stderr and "Traceback" not in out.stderr, out.stderr

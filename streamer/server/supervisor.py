@@ -61,6 +61,10 @@ BACKLOG = 2048
 """Connections the kernel queues on the port before a gateway accepts them (handshake bursts)."""
 
 
+class ServeError(Exception):
+    """The server cannot start as configured (no such device, an address that cannot be bound)."""
+
+
 def default_workers(cores: int | None = None) -> int:
     cores = cores or os.cpu_count() or 1
     return 1 if cores <= 2 else min(8, cores // 2)
@@ -287,4 +291,8 @@ def serve(settings: Settings) -> int:
 
         build_server(create_app(settings), settings.server.host, settings.server.port).run()
         return 0
-    return Supervisor(settings).run()
+    try:
+        supervisor = Supervisor(settings)
+    except (RuntimeError, OSError) as e:
+        raise ServeError(str(e)) from e
+    return supervisor.run()

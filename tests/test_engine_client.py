@@ -80,3 +80,43 @@ def test_a_long_upload_completes_under_a_small_queue_through_an_engine_core(tmp_
     words = transcript.text.lower().split()
     assert len(words) > 100
     assert len({round(s.start // 30) for s in transcript.segments}) >= 3  # every window has text
+
+
+def test_a_core_drops_what_a_gateway_sends_after_its_bye(tmp_path, jfk_path):
+    """The supervisor says Bye for a killed gateway over its own connection; the dead gateway's last
+    Submits may still be on their way over the gateway's: they are dropped, not decoded for nobody.
+    A live gateway beside it is served as before."""
+    import zmq
+
+    spec = CoreSpec(index=0, model=ModelConfig(model="tiny.en", device="cpu"), engine=EngineConfig(max_slots=4),
+                    input_address=f"ipc://{tmp_path}/in", output_address=f"ipc://{tmp_path}/out", cpu_threads=1)
+    core = multiprocessing.get_context("spawn").Process(target=run_core, args=(spec,))
+    core.start()
+    audio = decode_audio(jfk_path)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"ghost")
+    sub.connect(spec.output_address)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(spec.input_address)
+
+    async def run():
+        client = await EngineClient([(spec.input_address, spec.output_address)]).start(timeout=120)
+        try:
+            push.send(p.encode(p.Bye(gateway="ghost")))
+            push.send(p.encode(p.Submit(id="ghost.1", gateway="ghost", audio=p.audio_bytes(audio),
+                                        options=DecodeOptions(temperatures=(0.0,)), priority=int(Priority.FILE))))
+            result = await asyncio.wait_for(client.transcribe(audio, DecodeOptions(temperatures=(0.0,))), 120)
+            assert "country" in result.text
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+        assert not sub.poll(2000), "the core answered a gateway that had said Bye"
+    finally:
+        push.close(0)
+        sub.close(0)
+        ctx.term()
+        core.terminate()
+        core.join(60)

@@ -2,7 +2,11 @@
 # BUDGET (seconds for the whole call) set before it is sourced.
 left() { echo $(( BUDGET - (SECONDS - START) )); }
 cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
-  local l=$(( $(left) - $2 )); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
+  local l=$(( $(left) - $2 ))
+  if (( l < $1 / 2 )); then  # said on stderr, so a starved stage is not mistaken for a slow one
+    echo "budget: a stage wants ${1} s and gets $(( l > 10 ? l : 10 )) (BUDGET_S=${BUDGET}, ${2} s kept for later stages): raise BUDGET_S or skip a stage" >&2
+  fi
+  (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo $1
 }
 gpu_facts() {  # the card, driver, clocks and versions into the log; sets name (the card's) and card (h100, h200)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 import time
 
 import numpy as np
+import pytest
 
 from streamer.audio.decode import decode_audio
 from streamer.config import EngineConfig, ModelConfig
@@ -118,5 +120,59 @@ def test_a_core_drops_what_a_gateway_sends_after_its_bye(tmp_path, jfk_path):
         push.close(0)
         sub.close(0)
         ctx.term()
+        core.terminate()
+        core.join(60)
+
+
+def test_a_gateway_answers_while_its_engine_cores_load(tmp_path, jfk_path):
+    """The cores of a large model load for minutes: meanwhile the gateway answers `/health` with 503
+    `loading`, the API with 503 `loading` and Retry-After, a WebSocket with close 1013; once its cores
+    are Ready it serves (it used to accept no request at all until then, so probes and clients hung)."""
+    import httpx
+    import websockets
+
+    from streamer.config import load_settings
+    from streamer.server.app import create_app, running
+
+    spec = CoreSpec(index=0, model=ModelConfig(model="tiny.en", device="cpu"), engine=EngineConfig(max_slots=4),
+                    input_address=f"ipc://{tmp_path}/in", output_address=f"ipc://{tmp_path}/out", cpu_threads=1)
+    core = multiprocessing.get_context("spawn").Process(target=run_core, args=(spec,))
+    core.start()
+    loaded = threading.Event()  # the cores "finish loading" when the test says so
+    client = EngineClient([(spec.input_address, spec.output_address)])
+
+    async def connect():
+        while not loaded.is_set():
+            await asyncio.sleep(0.05)
+        return await client.start(timeout=120)
+
+    with open(jfk_path, "rb") as f:
+        jfk = f.read()
+    try:
+        with running(create_app(load_settings({}), connect=connect)) as base:
+            r = httpx.get(base + "/health", timeout=5)
+            assert r.status_code == 503 and r.json()["status"] == "loading"
+            r = httpx.post(base + "/v1/audio/transcriptions", files={"file": ("jfk.ogg", jfk)},
+                           data={"model": "whisper-1"}, timeout=5)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "loading" and r.headers["retry-after"] == "5"
+
+            async def stream():
+                async with websockets.connect(base.replace("http", "ws") + "/v1/stream") as ws:
+                    with pytest.raises(websockets.ConnectionClosed):
+                        await ws.recv()
+                    return ws.close_code
+
+            assert asyncio.run(stream()) == 1013
+            assert 'streamer_errors_total{code="loading"} 2.0' in httpx.get(base + "/metrics", timeout=5).text
+            loaded.set()
+            give_up = time.monotonic() + 120
+            while httpx.get(base + "/health", timeout=5).json()["status"] != "ok":
+                assert time.monotonic() < give_up, "never ready"
+                time.sleep(0.1)
+            r = httpx.post(base + "/v1/audio/transcriptions", files={"file": ("jfk.ogg", jfk)},
+                           data={"model": "whisper-1"}, timeout=120)
+            assert r.status_code == 200 and "country" in r.json()["text"].lower()
+    finally:
+        loaded.set()
         core.terminate()
         core.join(60)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -30,7 +31,7 @@ from streamer.audio.vad import SileroVAD
 from streamer.config import Settings, parse_ice_servers
 from streamer.server import deepgram, files, realtime, redact, twilio
 from streamer.server.accept import SharedAcceptor
-from streamer.server.auth import AuthMiddleware
+from streamer.server.auth import AuthMiddleware, error_body
 from streamer.server.metrics import CONTENT_TYPE, Metrics
 from streamer.server.openai_http import RequestIdMiddleware, api_fallback
 from streamer.server.origin import OriginMiddleware, OriginPolicy
@@ -47,6 +48,8 @@ log = logging.getLogger("streamer.server")
 
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"  # package data: found in a wheel as in a checkout
 """The browser demo, served at `/`."""
+LOADING_RETRY_S = 5
+"""Retry-After of the API's 503 `loading` while the engine cores load."""
 WS_MAX_SIZE_FACTOR = 2
 """The WebSocket layer refuses messages over this multiple of `max_message_bytes` on its own
 (close 1009, no event); between 1x and this, the protocol handlers answer `too_large` first."""
@@ -103,6 +106,41 @@ def _webrtc():
     return webrtc
 
 
+async def _connect(state: ServerState, connect: Callable[[], Awaitable]) -> None:
+    """The gateway's engine, once every core has said Ready; if they never do, the gateway stops
+    (the supervisor then stops the server: a gateway that was never ready)."""
+    try:
+        state.engine = await connect()
+    except Exception:
+        log.exception("no engine for this gateway: stopping it")
+        signal.raise_signal(signal.SIGTERM)  # uvicorn's own graceful exit
+        return
+    state.engine_ready.set()
+
+
+class LoadingGate:
+    """Until the gateway has its engine, the API (`/v1/...`) answers 503 `loading` with Retry-After (a
+    WebSocket is closed with 1013, try again later); `/health`, `/metrics` and the web page serve."""
+
+    def __init__(self, app, state: ServerState):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.state.engine is not None or scope["type"] not in ("http", "websocket") \
+                or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        self.state.metrics.errors.labels("loading").inc()
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect; accepted, so that the client sees why (a refused handshake is a 403)
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": 1013, "reason": "the model is loading"})
+            return
+        body = error_body("the model is loading; retry shortly", "loading", type_="server_error")
+        await JSONResponse(body, status_code=503, headers={"Retry-After": str(LOADING_RETRY_S)})(scope, receive, send)
+
+
 def create_app(settings: Settings, engine: Engine | None = None,
                 connect: Callable[[], Awaitable] | None = None) -> Starlette:
     """The gateway. With `engine` given (tests), the caller owns it; with `connect`, the
@@ -122,8 +160,11 @@ def create_app(settings: Settings, engine: Engine | None = None,
         monitors = [asyncio.ensure_future(state.loop_lag.run())]
         if metrics_.multiprocess:
             monitors.append(asyncio.ensure_future(_publish_loop_lag(state)))
+        connecting = None
         if owned and connect is not None:
-            state.engine = await connect()
+            # Engine cores can take minutes to load (a large model on a GPU): meanwhile `/health`
+            # answers `loading` and the API 503 (`LoadingGate`), instead of leaving connections unanswered.
+            connecting = asyncio.ensure_future(_connect(state, connect))
         elif owned:
             log.info("loading %s", settings.model.model)
             from streamer.engine.engine import Engine  # only here: a gateway worker imports no torch
@@ -131,15 +172,20 @@ def create_app(settings: Settings, engine: Engine | None = None,
             state.engine = await asyncio.to_thread(Engine.load, settings.model, settings.engine)
             await warm_up(state.engine)
             log.info("serving %s", state.engine.model_name)
+        if state.engine is not None:
+            state.engine_ready.set()
         try:
             yield
         finally:
+            if connecting is not None:
+                connecting.cancel()
             await state.drain()
             state.decoder.close()
             for monitor in monitors:
                 monitor.cancel()
             if owned and connect is not None:
-                await state.engine.close()
+                if state.engine is not None:
+                    await state.engine.close()
             elif owned:
                 await asyncio.to_thread(state.engine.close)
 
@@ -162,6 +208,7 @@ def create_app(settings: Settings, engine: Engine | None = None,
         Middleware(OriginMiddleware, policy=policy, on_refused=lambda code: metrics_.errors.labels(code).inc()),
         Middleware(TransportTap),
         Middleware(AuthMiddleware, api_key=settings.server.api_key, on_refused=refused),
+        Middleware(LoadingGate, state=state),
     ])
     app.state.streamer = state
     return app

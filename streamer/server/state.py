@@ -67,6 +67,8 @@ class ServerState:
     """Child processes that decode uploads (built from `settings.server` when None)."""
     twilio: dict = field(default_factory=dict)
     """`/v1/twilio` streams by `streamSid`, for their subscribers (`server/twilio.py`)."""
+    engine_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a gateway worker's engine cores have all said Ready (`app._connect`)."""
 
     _cadence: PartialCadence | None = None
     _vad_batcher: VADBatcher | None = None
@@ -82,13 +84,16 @@ class ServerState:
     @property
     def cadence(self) -> PartialCadence:
         """The partial cadence shared by this process's live streams (built once the engine is known)."""
-        if self._cadence is None:
-            s = self.settings.streaming
-            budget = s.final_budget_s or budget_for(self.engine.device if self.engine is not None else "cpu")
-            self._cadence = PartialCadence(CadenceConfig(min_interval_s=s.partial_interval_s,
-                                                         max_interval_s=max(s.partial_interval_s, s.partial_interval_max_s),
-                                                         final_budget_s=budget))
-        return self._cadence
+        if self._cadence is not None:
+            return self._cadence
+        s = self.settings.streaming
+        budget = s.final_budget_s or budget_for(self.engine.device if self.engine is not None else "cpu")
+        cadence = PartialCadence(CadenceConfig(min_interval_s=s.partial_interval_s,
+                                               max_interval_s=max(s.partial_interval_s, s.partial_interval_max_s),
+                                               final_budget_s=budget))
+        if self.engine is not None:  # (asked before, by `/metrics` while the engine loads: not kept)
+            self._cadence = cadence
+        return cadence
 
     @property
     def vad_batcher(self) -> VADBatcher | None:

@@ -27,6 +27,7 @@ drain keeps that order.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -123,7 +124,14 @@ def run_gateway(settings: Settings, index: int, addresses: list[tuple[str, str]]
         sock = reuse_port_socket(settings.server.host, port)
         sock.listen(BACKLOG)
         server, sockets = build_server(app, settings.server.host, port), [sock, peers.listen()]
-    server.on_serving = peers.mark_serving
+    state = app.state.streamer
+
+    async def mark_when_ready() -> None:  # serving, and with an engine: this gateway is ready
+        await state.engine_ready.wait()
+        peers.mark_serving()
+
+    marking: list[asyncio.Task] = []  # (held: the loop keeps weak references to tasks)
+    server.on_serving = lambda: marking.append(asyncio.ensure_future(mark_when_ready()))
     server.run(sockets=sockets)
 
 

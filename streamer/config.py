@@ -301,8 +301,13 @@ def log_level(default: str, env: Mapping[str, str] | None = None) -> str:
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def _coerce(value: str, kind: Any) -> Any:
-    kind = str(kind)
+def _field_types(settings: Settings) -> dict[tuple[str, str], str]:
+    """(section, field) -> the field's annotation as text ("int | None", "bool", ...)."""
+    return {(section.name, f.name): str(f.type) for section in dataclasses.fields(settings)
+            for f in dataclasses.fields(getattr(settings, section.name))}
+
+
+def _coerce(value: str, kind: str) -> Any:
     if value == "" and "None" in kind:
         return None
     if kind.startswith("bool"):
@@ -326,11 +331,11 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Mapping[str
     env = os.environ if env is None else env
     settings = Settings()
     sections: dict[str, dict[str, Any]] = {name: {} for name in ("model", "engine", "streaming", "server")}
+    kinds = _field_types(settings)
     for var, (section, name) in ENV_VARS.items():
         if var in env:
-            kind = {f.name: f.type for f in dataclasses.fields(getattr(settings, section))}[name]
             try:
-                sections[section][name] = _coerce(env[var], kind)
+                sections[section][name] = _coerce(env[var], kinds[section, name])
             except ValueError as e:
                 raise ValueError(f"environment variable {var}={env[var]!r}: {e}") from None
     for section, values in overrides.items():
@@ -414,11 +419,12 @@ def check_settings(settings: Settings) -> None:
     accepted and breaking every request."""
     from streamer.protocols import validation as v  # plain Python: no torch, no server
 
+    kinds = _field_types(settings)
     for (section, name), (low, high, open_low) in RANGES.items():
         value = getattr(getattr(settings, section), name)
         if value is not None:
-            is_int = str({f.name: f.type for f in dataclasses.fields(getattr(settings, section))}[name]).startswith("int")
-            v.number(value, setting_name(section, name), low, high, open_low=open_low, integer=is_int)
+            v.number(value, setting_name(section, name), low, high, open_low=open_low,
+                     integer=kinds[section, name].startswith("int"))
     for (section, name), choices in CHOICES.items():
         v.choice(getattr(getattr(settings, section), name), setting_name(section, name), choices)
     device = settings.model.device

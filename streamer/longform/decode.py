@@ -17,7 +17,6 @@ import dataclasses
 
 import numpy as np
 
-from streamer.engine.handle import Handle
 from streamer.engine.request import DecodeOptions, Priority, Result
 from streamer.engine.scheduler import QueueFull
 
@@ -30,35 +29,26 @@ if TYPE_CHECKING:
 
 
 
-async def submit_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Handle:
-    """Queue one window. A new recording (`started=False`) is refused at once with `QueueFull`
-    (HTTP 429 with its Retry-After); one under way waits for room instead of failing half done."""
-    delay = RETRY_FIRST_S
-    while True:
-        try:  # file windows are refused past their share of the queue (`engine/admission.py`)
-            return engine.submit(audio, options, priority=Priority.FILE)
-        except QueueFull:
-            if not started:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, RETRY_MAX_S)
-
-
 async def decode_window(engine: Engine, audio: np.ndarray, options: DecodeOptions, *, started: bool) -> Result:
     """Decode one window (≤ 30 s) with the engine's temperature fallback over `options.temperatures`,
-    which keeps the best attempt when none passes the checks (`decoding.best_attempt`). A window of a
-    recording under way that the engine core refuses (its queue filled after the gateway's last
-    figures of it) is queued again after a pause, as `submit_window` does."""
+    which keeps the best attempt when none passes the checks (`decoding.best_attempt`).
+
+    File windows are refused past their share of the queue (`engine/admission.py`): a new recording
+    (`started=False`) at once, with `QueueFull` (HTTP 429 with its Retry-After); one under way waits
+    for room instead of failing half done, whether the engine refuses the window on submission or an
+    engine core does on arrival (its queue filled after the gateway's last figures of it)."""
     delay = RETRY_FIRST_S
     while True:
-        handle = await submit_window(engine, audio, options, started=started)
+        handle = None
         try:
+            handle = engine.submit(audio, options, priority=Priority.FILE)
             return await handle.result()
         except QueueFull:
             if not started:
                 raise
         except asyncio.CancelledError:  # the caller went away: free the engine's slot
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
             raise
         await asyncio.sleep(delay)
         delay = min(2 * delay, RETRY_MAX_S)

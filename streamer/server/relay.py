@@ -79,7 +79,14 @@ class Peers:
     def mark_serving(self) -> None:
         """This worker accepts connections (kept across its restarts: the server was whole once)."""
         os.makedirs(self._serving(), exist_ok=True)
-        open(os.path.join(self._serving(), f"gw{self.worker}"), "w").close()
+        open(self._mark(), "w").close()
+
+    def marked_serving(self) -> bool:
+        """This worker has served once (`mark_serving`): what the supervisor calls ready."""
+        return os.path.exists(self._mark())
+
+    def _mark(self) -> str:
+        return os.path.join(self._serving(), f"gw{self.worker}")
 
     def all_serving(self) -> bool:
         """Every worker has accepted connections. Until then the first ones up take every

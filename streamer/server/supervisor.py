@@ -216,7 +216,9 @@ class Supervisor:
         """The child has loaded and served once (its marker outlives its restarts)."""
         if kind == "engine core":
             return os.path.exists(self.specs[i].ready_path)
-        return os.path.exists(os.path.join(self.rundir, "serving", f"gw{i}"))  # `Peers.mark_serving`
+        from streamer.server.relay import Peers
+
+        return Peers(self.rundir, i).marked_serving()
 
     def _restart_dead(self) -> None:
         from prometheus_client import multiprocess

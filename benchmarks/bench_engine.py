@@ -72,14 +72,14 @@ def _cuda_time(fn, reps: int) -> float:
     return start.elapsed_time(end) / 1000 / reps
 
 
-def random_model(shape: str, tokenizer_json: str):
+def random_model(shape: str, tokenizer_json: str, device: str = "cuda"):
     from streamer.model.tokenizer import Tokenizer
     from streamer.model.weights import LoadedModel
     from streamer.model.whisper import ModelDims, Whisper
 
     dims = ModelDims(**SHAPES[shape])
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = Whisper(dims).half().eval()
     with torch.no_grad():
         for p in model.parameters():

@@ -79,11 +79,14 @@ def main() -> None:
         print("engine: no result (see bench_engine.log)")
     prefill = [a for a in args if a.name.startswith("bench_prefill")]
     if prefill and prefill[0].exists():
-        rows = json.loads(prefill[0].read_text())["rows"]
+        def variant(r: dict) -> str:  # runs before session 29 name it "attention"
+            return r.get("variant", r.get("attention"))
+
+        rows = [dict(r, variant=variant(r)) for r in json.loads(prefill[0].read_text())["rows"]]
         if len(prefill) > 1 and prefill[1].exists():
-            rows += [dict(r, attention=r["attention"] + " (committed)") for r in json.loads(prefill[1].read_text())["rows"]]
+            rows += [dict(r, variant=variant(r) + " (committed)") for r in json.loads(prefill[1].read_text())["rows"]]
         print("\nfirst token of windows with new prompt lengths (bench_prefill.py)")
-        print(table(rows, ["attention", "windows", "first_token_p50_ms", "first_token_max_ms", "result_p50_ms"]))
+        print(table(rows, ["variant", "background", "windows", "first_token_p50_ms", "first_token_max_ms", "result_p50_ms"]))
     log = next((a for a in args if a.suffix == ".log" and a.exists()), None)
     if log:
         tail = [line for line in log.read_text().splitlines() if line.strip()]

@@ -92,7 +92,7 @@ class Launch(NamedTuple):
 # Launch per batch for tile-scaled FP8 (cross-attention, T = 1500 at large-v3): rows are
 # (min_batch_heads, Launch); the last row whose min_batch_heads <= B*H applies. B*H = B x 20 at
 # large-v3 (B = 32 -> 640, 64 -> 1280, 128 -> 2560, 256 -> 5120); tiny/base have H = 6 / 8.
-# From the H200 sweep of 2026-12-01, session 8 (`bash benchmarks/gpu_attn7.sh`; raw
+# From the H200 sweep of 2026-12-01, session 8 (`gpu_attn7.sh`, benchmarks/README.md; raw
 # benchmarks/results/bench_attention_sweep_attn7_s8_h200.json): the fastest launch per B*H (T=1500,
 # H=20, D=64, timed under CUDA graphs). Below B=32 the session-6 rule (splits over T).
 FP8_TILE_TABLE: tuple[tuple[int, Launch], ...] = (
@@ -102,7 +102,7 @@ FP8_TILE_TABLE: tuple[tuple[int, Launch], ...] = (
     (2560, Launch(kernel="v7", splits=1, block_t=32, stages=5, maxnreg=64, scalar_scales=True)),  # B=128: 94.4 %, B=256: 99.0 %
 )
 # A sweep's table as JSON ([[min_batch_heads, {Launch fields}], ...]) replaces the one above at
-# import (benchmarks/gpu_attn7.sh reruns the standard rows with the sweep's winners this way).
+# import (bench_attention.py --table-out writes one; session 8's gpu_attn7.sh reran the standard rows so).
 _TABLE_ENV = "STREAMER_FP8_ATTN_TABLE"
 
 

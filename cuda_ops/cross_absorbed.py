@@ -72,7 +72,7 @@ def parse_launch(text: str) -> AbsorbedLaunch:
 DEFAULT_LAUNCH = parse_launch(os.environ.get("STREAMER_ABSORBED_LAUNCH", "16/64/1/8/2"))
 """The engine's launch: the fastest at 256 and 32 rows of session 22's sweep on an H100 (within 5 % of the
 best at 128; one span a row: the spans' merge cost more than the parallelism gained, even at 32 rows);
-STREAMER_ABSORBED_LAUNCH sets another (A/B runs: benchmarks/gpu_s22.sh)."""
+STREAMER_ABSORBED_LAUNCH sets another (A/B runs: session 22's gpu_s22.sh, benchmarks/README.md)."""
 
 
 def width_parts(d: int) -> tuple[int, int]:

@@ -329,7 +329,7 @@ class VoteStream:
 
     def run_weights(self, i: int, j: int, said: list[str]) -> list[float]:
         """The hypotheses' weights for the disputed run of slots [i, j) (each one's phrase in `said`):
-        `weights`, whatever the run (a measurement may weigh runs otherwise: benchmarks/vote16b.py)."""
+        `weights`, whatever the run (a measurement may weigh runs otherwise: session 16's vote16b.py, benchmarks/README.md)."""
         return self.weights
 
     def _decide(self) -> list[Voted]:

@@ -22,7 +22,7 @@ NEG_INF = float("-inf")
 FUSED_SAMPLER = os.environ.get("STREAMER_FUSED_SAMPLER", "1") == "1"
 """`sample` on CUDA through cuda_ops/sampler.py's one kernel instead of ~30 PyTorch launches: a captured
 large-v3 step 0.05-0.38 ms shorter at 1-256 rows on the H200, the same transcripts (session 17,
-`gpu_s17.sh`). STREAMER_FUSED_SAMPLER=0 for the PyTorch path (A/B)."""
+`gpu_s17.sh`, benchmarks/README.md). STREAMER_FUSED_SAMPLER=0 for the PyTorch path (A/B)."""
 
 
 @dataclass

@@ -27,7 +27,8 @@ from common import concat, ct2_dir, environment, manifest, table, write_json
 
 PAUSE_S = 0.5
 """Idle time before each timed run: the previous system's workers spin for a while after it."""
-OURS = "streamer (ours) fp32"
+OURS = "streamer (ours)"
+"""fp32 decoder steps over fp16 weights; the encoder in `ModelConfig.cpu_encoder`'s resolved dtype (in the JSON)."""
 SYSTEMS = (OURS, "transformers generate fp32", "faster-whisper float32", "faster-whisper int8",
            "ctranslate2 fp32, our features")
 
@@ -143,6 +144,8 @@ def worker(name: str, args, conn) -> None:
 
 
 def main() -> None:
+    from streamer.model.cpu_encoder import resolve as resolve_cpu_encoder
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--threads", type=int, default=2)
@@ -183,12 +186,14 @@ def main() -> None:
           f"{args.repeat} interleaved rounds, one process per system; median seconds; "
           "ours_speedup = median over rounds of their time / ours")
     print(table(rows, ["system", "seconds", "min_s", "max_s", "tokens", "ours_speedup"]))
+    print(f"ours: the encoder in {resolve_cpu_encoder('auto')} (CPU_ENCODER=auto on this CPU)")
     print(f"\n{many['files']} recordings ({many['audio_s']:.0f} s of audio): one after another {many['one_by_one_s']:.2f} s, "
           f"all at once {many['together_s']:.2f} s (ratio {many['ratio']:.2f})")
     suffix = "" if args.source == "long" else f"_{args.source}"
     path = write_json(f"bench_cpu_{args.model}{suffix}.json", {"command": f"python benchmarks/bench_cpu.py --model {args.model} "
                       f"--threads {args.threads} --repeat {args.repeat} --source {args.source} --start {args.start:g}",
-                      "environment": environment(), "audio_files": used, "rows": rows, "many_files": many})
+                      "environment": environment(), "ours_cpu_encoder": str(resolve_cpu_encoder("auto")),
+                      "audio_files": used, "rows": rows, "many_files": many})
     print(f"wrote {path}")
 
 

@@ -91,6 +91,10 @@ def main() -> None:
 
     audio = decode_audio(str(AUDIO_DIR / "en" / "jfk.ogg"))
     loads = [int(x) for x in args.background.split(",")]
+    n_variants = len(args.precisions.split(",")) if args.shape else 2  # (tiny.en: 1 on the CPU)
+    if args.windows * n_variants * len(loads) > len(PROMPT):  # before any model loads
+        raise SystemExit(f"--windows {args.windows} × {n_variants} variants × {len(loads)} loads needs more "
+                         f"than {len(PROMPT)} prompt lengths")
     ours = list(runner.SDPA_PATHS["prefill"])
     if args.shape:  # variants: (name, make the engine, prefill backends)
         from bench_engine import random_model
@@ -108,15 +112,12 @@ def main() -> None:
         if engine.runner.device.type == "cuda":
             variants.insert(0, ("with cuDNN first", lambda: engine, [SDPBackend.CUDNN_ATTENTION] + ours))
         max_new_tokens, model = args.max_new_tokens, args.model
-    rows, lengths = [], iter(range(1, len(PROMPT) + 1))
+    rows, lengths = [], iter(range(1, len(PROMPT) + 1))  # distinct lengths: checked above
     for name, make, backends in variants:
         engine = make()
         runner.SDPA_PATHS["prefill"] = backends
         for background in loads:
-            words = [next(lengths, None) for _ in range(args.windows)]
-            if None in words:
-                raise SystemExit(f"--windows {args.windows} × {len(variants)} variants × {len(loads)} loads needs more "
-                                 f"than {len(PROMPT)} prompt lengths")
+            words = [next(lengths) for _ in range(args.windows)]
             prompts = [" ".join(PROMPT[:n]) for n in words]
             firsts, totals = asyncio.run(measure(engine, audio, prompts, background, max_new_tokens))
             rows.append({"variant": name, "background": background, "windows": args.windows,

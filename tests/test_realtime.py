@@ -376,3 +376,36 @@ def test_update_mid_stream_keeps_stream_time(base, prompts):
     assert starts == sorted(starts) and starts[-1] >= len(first) / 16 + 1000 - 300
     transcripts = [e["transcript"] for e in events if e["type"] == COMPLETED]
     assert wer(prompts[2][1]["text"], transcripts[-1]) < 0.2
+
+
+def test_logprobs_when_included(base, engine, jfk_path):
+    """`include: ["item.input_audio_transcription.logprobs"]` (OpenAI's SDK client): the delta and
+    the completion carry each text token's `logprobs`, whose tokens join to the transcript and
+    whose bytes are the token's; an unknown `include` value is an error naming the field."""
+    pcm = pcm24k(decode_audio(jfk_path)) + silence(2.5)
+
+    async def run():
+        async with sdk(base).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            await connection.recv()
+            await connection.session.update(session={"type": "transcription", "include": ["item.input_audio_transcription.bogus"]})
+            error = (await connection.recv()).to_dict()
+            await connection.session.update(session={"type": "transcription",
+                                                     "include": ["item.input_audio_transcription.logprobs"],
+                                                     "audio": {"input": {"turn_detection": {
+                                                         "type": "server_vad", "silence_duration_ms": 2000}}}})
+            updated = (await connection.recv()).to_dict()
+            sender = asyncio.ensure_future(send_paced(lambda a: connection.input_audio_buffer.append(audio=a), pcm))
+            return error, updated, await asyncio.wait_for(collect(connection, sender), 120)
+
+    error, updated, events = asyncio.run(run())
+    assert error["type"] == "error" and error["error"]["param"] == "session.include"
+    assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
+    (transcript,) = check_items(events)
+    (completed,) = [e for e in events if e["type"] == COMPLETED]
+    (delta,) = [e for e in events if e["type"] == DELTA]
+    logprobs = completed["logprobs"]
+    assert delta["logprobs"] == logprobs and len(logprobs) >= 15
+    assert "".join(p["token"] for p in logprobs).strip() == transcript
+    assert all(p["logprob"] <= 0 and bytes(p["bytes"]).decode() == p["token"] for p in logprobs)
+    # The decode is sure of most of JFK's words.
+    assert np.median([p["logprob"] for p in logprobs]) > -0.5

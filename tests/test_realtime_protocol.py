@@ -4,6 +4,7 @@ and segmentation commands out; the bridges' events in, items in commit order out
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
 import numpy as np
@@ -75,6 +76,8 @@ def test_the_session_starts_in_the_shape_the_client_uses():
      "session.audio.input.transcription.language"),
     ({"audio": {"input": {"transcription": {"prompt": 3}}}}, "invalid_value", "session.audio.input.transcription.prompt"),
     ({"audio": "loud"}, "invalid_value", "session.audio"),
+    ({"include": "item.input_audio_transcription.logprobs"}, "invalid_value", "session.include"),
+    ({"include": ["logprobs"]}, "invalid_value", "session.include"),
 ])
 def test_a_bad_update_names_the_field_and_echoes_the_event_id(session, code, param):
     p = protocol()
@@ -188,6 +191,27 @@ def test_completions_go_out_in_commit_order_and_deltas_join_to_the_transcript():
         (COMPLETED, cut[1]["item_id"]), (DELTA, third["item_id"]), (COMPLETED, third["item_id"])]
     assert [e.get("delta") or e.get("transcript") for e in out] == ["one", "one", "two", "two", "three", "three"]
     assert out[1]["usage"] == {"type": "duration", "seconds": 1.25}
+
+
+def test_logprobs_only_when_included_and_kept_by_the_decode():
+    """Token bytes come from the model (`ModelInfo.token_bytes`); a final decoded without
+    per-token log probabilities (beam search) has an empty list; the beta session echoes `include`."""
+    p = RealtimeProtocol("sess_1", dataclasses.replace(ENGLISH, token_bytes=lambda t: b" one" if t == 1 else b"!"),
+                         DEFAULTS, beta=True)
+    append(p, 1.0)
+    p.on_event(1, Committed(1, 0.0, 1.0, 1.0))
+    assert all("logprobs" not in e for e in events(p.on_event(1, final(1, "one"))))
+    (updated,) = events(send(p, "transcription_session.update", session={
+        "include": ["item.input_audio_transcription.logprobs"]}))
+    assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
+    p.on_event(1, Committed(2, 1.0, 2.0, 2.0))
+    p.on_event(1, Committed(3, 2.0, 3.0, 3.0))
+    kept = Final(2, "one!", 1.0, 2.0, None, "en", 0.01, -0.2, token_logprobs=((1, -0.25), (2, -1.5)))
+    p.on_event(1, Finalized(3, final(3, "beams").final, 50.0, 1.0))
+    delta, completed, _, beams = events(p.on_event(1, Finalized(2, kept, 50.0, 1.0)))
+    want = [{"token": " one", "logprob": -0.25, "bytes": list(b" one")}, {"token": "!", "logprob": -1.5, "bytes": [33]}]
+    assert delta["logprobs"] == completed["logprobs"] == want
+    assert beams["type"] == COMPLETED and beams["logprobs"] == []
 
 
 def test_an_empty_or_failed_item_still_completes_in_order():

@@ -126,6 +126,24 @@ class Result:
     verdict: Verdict = field(default_factory=Verdict)
     """Silence, loop, poor decode, judged once with the request's thresholds (`decoding.judge`)."""
 
+    def logprobs_of(self, spans: list[list[int]]) -> list[list[float]]:
+        """Per span (text tokens taken from `tokens` in order, as segments are), the log
+        probabilities of its tokens; all empty when the decode kept none (beam search)."""
+        if len(self.token_logprobs) != len(self.tokens):
+            return [[] for _ in spans]
+        out, i = [], 0
+        for tokens in spans:
+            picked = []
+            for token in tokens:
+                while i < len(self.tokens) and self.tokens[i] != token:
+                    i += 1
+                if i == len(self.tokens):
+                    return [[] for _ in spans]
+                picked.append(self.token_logprobs[i])
+                i += 1
+            out.append(picked)
+        return out
+
 
 def check_options(options: DecodeOptions, tokenizer) -> None:
     """Raise ValueError for options this model cannot take (a language it does not know, too

@@ -76,7 +76,7 @@ def make_segments(spans: list[tuple[float, float, list[int]]], result: Result, t
     offset = window.start / SAMPLE_RATE
     limit = window.length / SAMPLE_RATE
     out = []
-    logprobs = _span_logprobs(spans, result)
+    logprobs = result.logprobs_of([tokens for _, _, tokens in spans])
     for (start, end, tokens), span_logprobs in zip(spans, logprobs):
         start, end = min(start, limit), min(end, limit)
         text = tokenizer.decode(tokens)
@@ -87,25 +87,6 @@ def make_segments(spans: list[tuple[float, float, list[int]]], result: Result, t
             text=text, tokens=list(tokens), avg_logprob=result.avg_logprob,
             compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob,
             temperature=result.temperature, token_logprobs=span_logprobs))
-    return out
-
-
-def _span_logprobs(spans: list[tuple[float, float, list[int]]], result: Result) -> list[list[float]]:
-    """Per span, the log probabilities of its tokens: spans take their tokens from
-    `result.tokens` in order, so one pass pairs them."""
-    if len(result.token_logprobs) != len(result.tokens):
-        return [[] for _ in spans]
-    out, i = [], 0
-    for _, _, tokens in spans:
-        picked = []
-        for token in tokens:
-            while i < len(result.tokens) and result.tokens[i] != token:
-                i += 1
-            if i == len(result.tokens):
-                return [[] for _ in spans]
-            picked.append(result.token_logprobs[i])
-            i += 1
-        out.append(picked)
     return out
 
 

@@ -8,6 +8,7 @@ vocabularies place them differently. Older `tokenizer.json` files stop at `<|not
 
 from __future__ import annotations
 
+import functools
 import string
 from functools import cached_property
 from pathlib import Path
@@ -126,6 +127,14 @@ class Tokenizer:
         """Text of the ordinary tokens; special and timestamp tokens are dropped."""
         return self.hf.decode([t for t in tokens if t < self.eot], skip_special_tokens=False)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one text token (a token may hold part of a UTF-8 character)."""
+        piece = self.hf.id_to_token(token) or ""
+        decoder = _byte_decoder()
+        if all(ch in decoder for ch in piece):
+            return bytes(decoder[ch] for ch in piece)
+        return self.decode([token]).encode()
+
     def time_of(self, token: int) -> float:
         return (token - self.timestamp_begin) * TIME_PRECISION
 
@@ -167,3 +176,17 @@ class Tokenizer:
                 groups[-1].extend(current)
             current = []
         return words, groups
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-unicode map, which Whisper's byte-level BPE vocabulary uses."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}

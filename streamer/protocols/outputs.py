@@ -4,6 +4,7 @@ of the connection; and the one command of the protocols that take raw audio on t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,13 @@ class Audio:
     channels, interleaved (`/v1/stream`, Deepgram's `/v1/listen`)."""
 
     data: bytes
+
+
+def logprobs_wire(token_bytes: Callable[[int], bytes], tokens: Iterable[tuple[int, float]]) -> list[dict]:
+    """OpenAI's `logprobs` (file transcriptions, Realtime items): per text token of a transcript its
+    text, log probability and bytes, from (token, log probability) pairs."""
+    out = []
+    for token, logprob in tokens:
+        raw = token_bytes(token)
+        out.append({"token": raw.decode("utf-8", "replace"), "logprob": round(logprob, 6), "bytes": list(raw)})
+    return out

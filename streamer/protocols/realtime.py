@@ -47,7 +47,7 @@ from streamer.audio import SAMPLE_RATE
 from streamer.audio.decode import StreamResampler
 from streamer.config import StreamingConfig
 from streamer.protocols import validation as v
-from streamer.protocols.outputs import Close, Send
+from streamer.protocols.outputs import Close, Send, logprobs_wire
 from streamer.protocols.realtime_session import InvalidValue, RealtimeConfig, parse_update, session_wire
 from streamer.protocols.start import ModelInfo
 from streamer.protocols.validation import ValidationError
@@ -410,9 +410,14 @@ class RealtimeProtocol:
             # a partial's text, stable or not, may differ from the final's (case, punctuation, a
             # word that the whole utterance decodes otherwise).
             transcript = event.final.text if event.final is not None else ""
+            logprobs = {}
+            if self.config.logprobs and self.model.token_bytes is not None:
+                tokens = event.final.token_logprobs if event.final is not None else ()
+                logprobs = {"logprobs": logprobs_wire(self.model.token_bytes, tokens)}
             if transcript:
-                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": transcript}))
+                messages.append((DELTA, {"item_id": item.id, "content_index": 0, "delta": transcript, **logprobs}))
             messages.append((COMPLETED, {"item_id": item.id, "content_index": 0, "transcript": transcript,
+                                         **logprobs,
                                          "usage": {"type": "duration", "seconds": round(event.duration, 3)}}))
         self._completions[item.id] = messages
         # Completions go out in commit order, whichever segmentation finished first.

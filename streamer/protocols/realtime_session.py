@@ -21,6 +21,8 @@ G711_FORMATS = {"audio/pcmu": "mulaw", "audio/pcma": "alaw"}
 """GA `format.type` of G.711 (always 8 kHz, as OpenAI) -> our encoding."""
 BETA_FORMATS = {"pcm16": "pcm_s16le", "g711_ulaw": "mulaw", "g711_alaw": "alaw"}
 G711_RATE = 8000
+LOGPROBS = "item.input_audio_transcription.logprobs"
+"""The one `include` value: items' deltas and completions carry their tokens' `logprobs`."""
 MAX_PROMPT_CHARS = 4096
 """Longest transcription prompt (Whisper's prompt holds at most 223 tokens)."""
 
@@ -62,6 +64,8 @@ class RealtimeConfig:
     """`pcm_s16le`, or G.711 `mulaw` / `alaw` at 8 kHz."""
     condition_on_previous_text: bool = True
     """Prompt each item with the previous items' text (an extension of OpenAI's API)."""
+    logprobs: bool = False
+    """`include: ["item.input_audio_transcription.logprobs"]`."""
 
     @classmethod
     def default(cls, streaming: StreamingConfig) -> "RealtimeConfig":
@@ -131,7 +135,7 @@ def _parse_ga(session: dict, config: RealtimeConfig, vad: VADConfig, model: Mode
         config = _transcription(config, inp["transcription"], "session.audio.input.transcription", model)
     if "turn_detection" in inp:
         config = _turn_detection(config, inp["turn_detection"], "session.audio.input.turn_detection", vad)
-    return config
+    return _include(config, session)
 
 
 def _parse_beta(session: dict, config: RealtimeConfig, vad: VADConfig, model: ModelInfo) -> RealtimeConfig:
@@ -148,7 +152,22 @@ def _parse_beta(session: dict, config: RealtimeConfig, vad: VADConfig, model: Mo
                                 model)
     if "turn_detection" in session:
         config = _turn_detection(config, session["turn_detection"], "session.turn_detection", vad)
-    return config
+    return _include(config, session)
+
+
+def _include(config: RealtimeConfig, session: dict) -> RealtimeConfig:
+    if "include" not in session:
+        return config
+    value = session["include"]
+    if value is None:
+        value = []
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise InvalidValue("session.include must be a list of strings", "session.include")
+    unknown = [x for x in value if x != LOGPROBS]
+    if unknown:
+        raise InvalidValue(f"session.include {v.show(unknown[0])} is not supported (only {LOGPROBS})",
+                           "session.include")
+    return dataclasses.replace(config, logprobs=LOGPROBS in value)
 
 
 def _transcription(config: RealtimeConfig, value: Any, param: str, model: ModelInfo) -> RealtimeConfig:
@@ -194,18 +213,19 @@ def session_wire(config: RealtimeConfig, session_id: str, model_name: str, *, be
     transcription = {"model": model_name, "language": c.language, "prompt": c.prompt,
                      "condition_on_previous_text": c.condition_on_previous_text}
     turn = c.turn_detection.wire() if c.turn_detection is not None else None
+    include = [LOGPROBS] if c.logprobs else []
     if beta:
         beta_format = next(k for k, e in BETA_FORMATS.items() if e == c.encoding)
         return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": beta_format,
                 "input_audio_transcription": transcription, "turn_detection": turn,
-                "input_audio_noise_reduction": None, "include": []}
+                "input_audio_noise_reduction": None, "include": include}
     # GA: no `noise_reduction` and no `language: null` (the SDKs' types allow neither null);
     # an absent language means detection, as in OpenAI's own sessions.
     if c.language is None:
         del transcription["language"]
     return {"object": "realtime.session", "type": "transcription", "id": session_id,
             "audio": {"input": {"format": _format_wire(c), "transcription": transcription, "turn_detection": turn}},
-            "include": []}
+            "include": include}
 
 
 def _format_wire(c: RealtimeConfig) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from streamer.audio.decode import PCM_DTYPES
 from streamer.config import StreamingConfig, VADConfig
@@ -172,12 +172,15 @@ class ModelInfo:
     multilingual: bool
     languages: frozenset[str]
     """Language codes it knows."""
+    token_bytes: Callable[[int], bytes] | None = dataclasses.field(default=None, compare=False)
+    """A text token's bytes (`Tokenizer.token_bytes`), for `logprobs`; None: none are sent."""
 
     @classmethod
     def of(cls, engine) -> "ModelInfo":
         """Of an `Engine` or `EngineClient`."""
         tokenizer = engine.tokenizer
-        return cls(engine.model_name, tokenizer.multilingual, frozenset(tokenizer.language_tokens))
+        return cls(engine.model_name, tokenizer.multilingual, frozenset(tokenizer.language_tokens),
+                   tokenizer.token_bytes)
 
     def decoder_language(self, language: str | None) -> str | None:
         """The language the decoder is given: `en` on an English-only model, else `language`

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -34,6 +33,7 @@ from streamer.longform import MODES, Transcript, transcribe_long
 from streamer.longform.transcript import merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.protocols import validation as v
+from streamer.protocols.outputs import logprobs_wire
 from streamer.server.auth import error_body
 
 T = TypeVar("T")
@@ -158,7 +158,8 @@ async def _transcribe(request: Request, task: str) -> Response:
         _observe(state, transcript, started)
         body = render(transcript, req.response_format, segments=req.segments, words=req.words)
         if req.logprobs:
-            body["logprobs"] = _logprobs(transcript, engine.tokenizer)
+            body["logprobs"] = logprobs_wire(engine.tokenizer.token_bytes, (
+                pair for segment in transcript.segments for pair in zip(segment.tokens, segment.token_logprobs)))
         if isinstance(body, dict):
             return JSONResponse(body)
         return Response(body, media_type=MEDIA_TYPES[req.response_format])
@@ -400,38 +401,6 @@ def _form_number(value):
         return int(value) if value.strip().lstrip("-").isdigit() else float(value)
     except ValueError:
         return value
-
-
-def _logprobs(transcript: Transcript, tok) -> list[dict]:
-    """OpenAI's `logprobs` of a json transcription: per text token its text, log probability and bytes."""
-    out = []
-    for segment in transcript.segments:
-        for token, logprob in zip(segment.tokens, segment.token_logprobs):
-            raw = _token_bytes(tok, token)
-            out.append({"token": raw.decode("utf-8", "replace"), "logprob": round(logprob, 6), "bytes": list(raw)})
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-to-unicode map, which Whisper's byte-level BPE vocabulary uses."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-def _token_bytes(tok, token: int) -> bytes:
-    piece = tok.hf.id_to_token(token) or ""
-    decoder = _byte_decoder()
-    if all(ch in decoder for ch in piece):
-        return bytes(decoder[ch] for ch in piece)
-    return tok.decode([token]).encode()
 
 
 def _language(language: str | None, tok) -> str | None:

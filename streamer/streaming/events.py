@@ -150,6 +150,9 @@ class Final:
     language: str | None
     no_speech_prob: float
     avg_logprob: float
+    token_logprobs: tuple[tuple[int, float], ...] = ()
+    """(token, log probability) of each text token, when the decode kept them (not after beam
+    search); Realtime's `logprobs`. Not in the native `final`."""
 
     def to_dict(self) -> dict:
         words = None

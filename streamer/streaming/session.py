@@ -484,6 +484,7 @@ class Session:
                 language=result.language,
                 no_speech_prob=result.no_speech_prob,
                 avg_logprob=result.avg_logprob,
+                token_logprobs=_token_logprobs(segments, result),
             )
         ]
 
@@ -502,6 +503,15 @@ def _tail(text: str, limit: int) -> str:
         return text
     cut = text[-limit:]
     return cut[cut.find(" ") + 1 :] if " " in cut else cut
+
+
+def _token_logprobs(segments: list[Any], result: Any) -> tuple[tuple[int, float], ...]:
+    """(token, log probability) of the final's text tokens (its segments'); none after beam search."""
+    spans = [list(s.tokens) for s in segments]
+    logprobs = result.logprobs_of(spans)
+    if spans and sum(map(len, logprobs)) != sum(map(len, spans)):
+        return ()
+    return tuple((t, lp) for tokens, lps in zip(spans, logprobs) for t, lp in zip(tokens, lps))
 
 
 def _words(segments: list[Any], offset: float) -> list[dict] | None:

@@ -161,14 +161,15 @@ class RealtimeProtocol:
     """One `/v1/realtime` connection's protocol state."""
 
     def __init__(self, session_id: str, model: ModelInfo, defaults: StreamingConfig, *, beta: bool,
-                 max_message_bytes: int | None = None):
+                 max_message_bytes: int | None = None, config: RealtimeConfig | None = None):
         self.session_id = session_id
         self.model = model
         self.defaults = defaults
         self.beta = beta
         """The client asked for the beta shapes (`OpenAI-Beta: realtime=v1`)."""
         self.max_message_bytes = max_message_bytes
-        self.config = RealtimeConfig.default(defaults)
+        self.config = config or RealtimeConfig.default(defaults)
+        """The session's settings (`config`: those a client secret opened it with)."""
         self.ended = False
         self._seg: _Segmentation | None = None
         """The segmentation that takes new audio (None until the first append after a change)."""

@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 
 from streamer.audio.vad import SileroVAD
 from streamer.config import Settings, parse_ice_servers
-from streamer.server import deepgram, files, realtime, redact, twilio
+from streamer.server import client_secrets, deepgram, files, realtime, redact, twilio
 from streamer.server.accept import SharedAcceptor
 from streamer.server.auth import AuthMiddleware, error_body
 from streamer.server.metrics import CONTENT_TYPE, Metrics
@@ -199,6 +199,7 @@ def create_app(settings: Settings, engine: Engine | None = None,
         *twilio.routes,
         *(webrtc.routes if webrtc else []),
         *files.routes,
+        *client_secrets.routes,
     ]
     routes += [api_fallback(routes), Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")]
     refused = lambda: metrics_.errors.labels("unauthorized").inc()  # noqa: E731

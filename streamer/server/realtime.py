@@ -20,7 +20,11 @@ from starlette.websockets import WebSocket
 from streamer.protocols.outputs import Close, Send
 from streamer.protocols.realtime import (Begin, DropOpen, Feed, Finish, Flush, Output, RealtimeProtocol, Reconfigure,
                                          new_id)
+from streamer.protocols.realtime_session import InvalidValue, RealtimeConfig
 from streamer.protocols.start import ModelInfo
+from streamer.protocols.validation import ValidationError
+from streamer.server import client_secrets
+from streamer.server.auth import presented_key
 from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
 from streamer.server.state import ServerState
@@ -36,9 +40,22 @@ class RealtimeStream(SocketStream):
 
     def __init__(self, ws: WebSocket, state: ServerState):
         super().__init__(ws, state, new_id("sess_"))
-        self.protocol = RealtimeProtocol(self.session_id, ModelInfo.of(state.engine), state.settings.streaming,
+        model, streaming = ModelInfo.of(state.engine), state.settings.streaming
+        # A client secret (`ek_` key) opens the session in the settings it was minted with;
+        # `_secret_error` says why a presented one opens nothing.
+        config, self._secret_error = None, None
+        try:
+            session = client_secrets.verify(state.settings.server.api_key, presented_key(ws.scope))
+            if session is not None:
+                config = client_secrets.initial_config(session, RealtimeConfig.default(streaming), streaming, model)
+        except client_secrets.SecretError as e:
+            self._secret_error = str(e)
+        except (InvalidValue, ValidationError) as e:  # minted under other settings (another model)
+            self._secret_error = f"the client secret's session no longer applies: {e}"
+        self._secret = config is not None
+        self.protocol = RealtimeProtocol(self.session_id, model, streaming,
                                          beta="realtime=v1" in ws.headers.get("openai-beta", ""),
-                                         max_message_bytes=state.settings.server.max_message_bytes)
+                                         max_message_bytes=state.settings.server.max_message_bytes, config=config)
         self._bridges: dict[int, Bridge] = {}
         """The bridge of every segmentation with work left, by number."""
         self._current: Bridge | None = None
@@ -72,6 +89,13 @@ class RealtimeStream(SocketStream):
         if self._retiring:
             await asyncio.wait(self._retiring, timeout=timeout)
         self._carry_out(self.protocol.closed(reason))
+
+    def _authorized(self) -> bool:
+        # A client secret opens Realtime sessions in place of the API key.
+        return self._secret_error is None and (self._secret or super()._authorized())
+
+    def _refusal_message(self) -> str:
+        return self._secret_error or super()._refusal_message()
 
     def _subprotocol(self) -> str | None:
         # OpenAI's browser-style clients offer `realtime` (and the key as a second subprotocol):

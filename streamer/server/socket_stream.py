@@ -195,8 +195,7 @@ class SocketStream:
         address = self.ws.client.host if self.ws.client else None
         try:
             if not self._authorized():
-                self._refuse("unauthorized", "missing or wrong API key: send `Authorization: Bearer KEY` or "
-                             "`?api_key=KEY`", 1008)
+                self._refuse("unauthorized", self._refusal_message(), 1008)
             elif (refusal := self.state.clients.acquire(address, server.max_connections_per_client)) is not None:
                 self._refuse("overloaded", refusal, 1013, retry_after_s=5.0)
             else:
@@ -233,6 +232,10 @@ class SocketStream:
     def _authorized(self) -> bool:
         """The key check on connect (a transport whose client cannot send one checks later)."""
         return authorized(self.ws.scope, self.state.settings.server.api_key)
+
+    def _refusal_message(self) -> str:
+        """Why `_authorized` said no."""
+        return "missing or wrong API key: send `Authorization: Bearer KEY` or `?api_key=KEY`"
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop reading, deliver the finals of open utterances within `grace_s`, close."""

@@ -148,6 +148,21 @@ def test_a_burst_of_connections_as_soon_as_the_server_is_healthy_spreads_over_th
     assert held[0] >= N // 4, held  # 8 / 8 here; every one on one gateway before
 
 
+def test_each_gateway_starts_its_upload_decoders_before_the_first_upload(served):
+    """A served gateway starts its forkserver and every decoder child at its start: the first
+    uploads of each gateway waited for them (H200, session 30: a 6-minute upload 1.01 s, or 1.78 s
+    when it met a cold pool). Runs before this module's first upload."""
+    from streamer.server.decoder import default_processes
+
+    base, proc = served
+    gateways = _gateway_pids(proc.pid, [c["pid"] for c in _health(base)["engine_cores"]])
+    assert len(gateways) == 2, gateways
+    give_up = time.monotonic() + 15
+    while any(len(_group(g)) < 2 + default_processes() for g in gateways):  # itself, the forkserver, the children
+        assert time.monotonic() < give_up, [_group(g) for g in gateways]
+        time.sleep(0.2)
+
+
 def test_two_gateways_and_two_cores_serve_streams_and_uploads(served, jfk, jfk_path):
     base, _ = served
     health = _health(base)

@@ -118,6 +118,14 @@ async def _connect(state: ServerState, connect: Callable[[], Awaitable]) -> None
     state.engine_ready.set()
 
 
+async def _start_decoders(state: ServerState) -> None:
+    """A served gateway's upload decoders, started while its engine loads (not at the first upload)."""
+    try:
+        await state.decoder.start()
+    except Exception:  # the first upload tries again, and says what went wrong
+        log.exception("upload decoder processes did not start")
+
+
 class LoadingGate:
     """Until the gateway has its engine, the API (`/v1/...`) answers 503 `loading` with Retry-After (a
     WebSocket is closed with 1013, try again later); `/health`, `/metrics` and the web page serve."""
@@ -165,6 +173,7 @@ def create_app(settings: Settings, engine: Engine | None = None,
             # Engine cores can take minutes to load (a large model on a GPU): meanwhile `/health`
             # answers `loading` and the API 503 (`LoadingGate`), instead of leaving connections unanswered.
             connecting = asyncio.ensure_future(_connect(state, connect))
+            monitors.append(asyncio.ensure_future(_start_decoders(state)))
         elif owned:
             log.info("loading %s", settings.model.model)
             from streamer.engine.engine import Engine  # only here: a gateway worker imports no torch

@@ -16,6 +16,7 @@ import functools
 import logging
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
@@ -26,6 +27,9 @@ from streamer.audio.decode import AudioDecodeError, decode_audio
 
 log = logging.getLogger("streamer.server")
 
+WARM_S = 0.05
+"""How long each warm-up call keeps its child busy (`start`)."""
+
 
 def default_processes() -> int:
     """Decoder processes of a gateway worker when the setting is 0: as many as cores, up to 4."""
@@ -33,7 +37,8 @@ def default_processes() -> int:
 
 
 class DecoderPool:
-    """Child processes that decode uploads; event loop only. Started at the first upload."""
+    """Child processes that decode uploads; event loop only. Started by `start()` (a served gateway
+    calls it at its start) or else at the first upload."""
 
     def __init__(self, processes: int = 0):
         self.processes = processes or default_processes()
@@ -43,6 +48,19 @@ class DecoderPool:
         """Children could not start here: uploads decode in the gateway's threads (as before session 27)."""
         self._executor: ProcessPoolExecutor | None = None
         self._starting = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Start the forkserver and every child now: the first uploads of a cold pool waited for them
+        (H200, session 30: one 6-minute upload took 1.01 s on one run and 1.78 s on the next)."""
+        executor = await self._get()
+        if executor is not None:
+            loop = asyncio.get_running_loop()
+            # Busy children make the executor fork the next one; idle ones would take every call.
+            await asyncio.gather(*(loop.run_in_executor(executor, time.sleep, WARM_S) for _ in range(self.processes)))
+
+    def started(self) -> int:
+        """Child processes running now."""
+        return len(self._executor._processes or {}) if self._executor is not None else 0
 
     async def decode(self, data: bytes, *, name: str, **kwargs) -> np.ndarray:
         """`decode_audio(data, name=name, **kwargs)` in a child: its result, or its AudioDecodeError."""

@@ -150,8 +150,7 @@ def test_a_burst_of_connections_as_soon_as_the_server_is_healthy_spreads_over_th
 
 def test_each_gateway_starts_its_upload_decoders_before_the_first_upload(served):
     """A served gateway starts its forkserver and every decoder child at its start: the first
-    uploads of each gateway waited for them (H200, session 30: a 6-minute upload 1.01 s, or 1.78 s
-    when it met a cold pool). Runs before this module's first upload."""
+    uploads of each gateway waited for them (`DecoderPool.start`). Runs before this module's first upload."""
     from streamer.server.decoder import default_processes
 
     base, proc = served

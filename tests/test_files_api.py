@@ -254,8 +254,11 @@ def test_api_key(engine, jfk):
         assert wer(JFK, keyed.audio.transcriptions.create(file=jfk, model="tiny.en").text) < 0.1
 
 
-def test_a_full_queue_answers_429(jfk):
-    """An engine with one slot and a deep queue of live work: a new upload is refused at once."""
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_queue_answers_429(jfk, stream):
+    """An engine with one slot and a deep queue of live work: a new upload is refused at once, with
+    stream=true too (its refusal was an HTTP 200 and then an SSE error event, which the SDKs neither
+    raise as RateLimitError nor retry)."""
     busy = Engine.load(ModelConfig(model="tiny.en"), load_settings({}, engine={"max_slots": 1, "max_queue": 64}).engine)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -269,7 +272,8 @@ def test_a_full_queue_answers_429(jfk):
         with running(create_app(load_settings({}), busy)) as base:
             client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
             with pytest.raises(openai.RateLimitError) as info:
-                client.audio.transcriptions.create(file=jfk, model="tiny.en")
+                list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True)) if stream \
+                    else client.audio.transcriptions.create(file=jfk, model="tiny.en")
             assert info.value.status_code == 429 and info.value.body["type"] == "rate_limit_error"
             assert "file requests are refused from 32" in info.value.body["message"]
             assert info.value.response.headers["Retry-After"] == "1"  # engine/admission.py's default

@@ -148,6 +148,8 @@ async def _transcribe(request: Request, task: str) -> Response:
             transcript = merge_channels(list(transcripts))
             _observe(state, transcript, started)
             body = render(transcript, req.response_format, segments=req.segments, words=req.words)
+            if req.logprobs:
+                body["logprobs"] = _logprobs(transcript, engine.tokenizer)
             if isinstance(body, dict):
                 return JSONResponse(body)
             return Response(body, media_type=MEDIA_TYPES[req.response_format])

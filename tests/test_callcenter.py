@@ -206,6 +206,21 @@ def test_multichannel_upload(base, stereo, tmp_path):
         assert {w["channel"] for w in body["words"]} == {0, 1}
 
 
+def test_multichannel_upload_with_logprobs(base, stereo, tmp_path):
+    """`include[]=logprobs` with `multichannel=true`: the merged transcript's tokens with their log
+    probabilities, as without multichannel (they were left out silently)."""
+    audio, _ = stereo
+    path = tmp_path / "call.wav"
+    write_wav(path, audio)
+    with httpx.Client(base_url=base, headers=AUTH, timeout=120) as http:
+        r = http.post("/v1/audio/transcriptions", files={"file": ("call.wav", path.read_bytes())},
+                      data={"model": "whisper-1", "multichannel": "true", "include[]": "logprobs"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["logprobs"] and all(p["logprob"] <= 0 and p["bytes"] for p in body["logprobs"])
+    assert "".join(p["token"] for p in body["logprobs"]).split() == body["text"].split()
+
+
 def test_merged_channels_render_speakers():
     """`merge_channels` orders segments by time across channels; SRT and WebVTT name the channel."""
     from streamer.longform.formats import render

@@ -193,6 +193,28 @@ def test_silence_gives_an_empty_transcript(client, tmp_path):
         assert client.audio.transcriptions.create(file=f, model="tiny.en").text == ""
 
 
+@pytest.mark.parametrize("mode", ["fast", "accurate"])
+@pytest.mark.parametrize("lead_s, total_s", [(15, 25), (15, 40), (25, 70)])
+def test_a_segment_after_a_long_pause_starts_where_its_speech_does(client, audio_dir, tmp_path, mode, lead_s, total_s):
+    """A 3.3-s prompt after a long pause: Whisper's first timestamp in a window may not come later
+    than 1 s, so a window opened on the pause wrote the prompt from 0 s (fast: a recording of 30 s
+    or less is one window from 0; accurate: its backbone cuts as openai/whisper does), and its
+    subtitle showed 15-25 s early. The VAD knows where the speech begins."""
+    from streamer.audio.decode import decode_audio
+
+    prompt = decode_audio(str(audio_dir / "en" / "asterisk" / "agent-newlocation.ogg"))  # 3.3 s
+    audio = np.zeros(total_s * 16000, np.float32)
+    audio[lead_s * 16000:lead_s * 16000 + len(prompt)] = prompt
+    path = tmp_path / "pause.wav"
+    write_wav(path, audio)
+    with open(path, "rb") as f:
+        srt = client.audio.transcriptions.create(file=f, model="tiny.en", response_format="srt",
+                                                 extra_body={"mode": mode})
+    assert "extension" in check_subtitles(srt, "srt")
+    (start, end), = cue_times(srt, ",")
+    assert lead_s - 0.5 <= start <= lead_s + 0.5 and end <= lead_s + len(prompt) / 16000 + 1.0, srt
+
+
 def error_of(call) -> tuple[int, dict]:
     with pytest.raises(openai.APIStatusError) as info:
         call()
@@ -254,8 +276,11 @@ def test_api_key(engine, jfk):
         assert wer(JFK, keyed.audio.transcriptions.create(file=jfk, model="tiny.en").text) < 0.1
 
 
-def test_a_full_queue_answers_429(jfk):
-    """An engine with one slot and a deep queue of live work: a new upload is refused at once."""
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_queue_answers_429(jfk, stream):
+    """An engine with one slot and a deep queue of live work: a new upload is refused at once, with
+    stream=true too (its refusal was an HTTP 200 and then an SSE error event, which the SDKs neither
+    raise as RateLimitError nor retry)."""
     busy = Engine.load(ModelConfig(model="tiny.en"), load_settings({}, engine={"max_slots": 1, "max_queue": 64}).engine)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -269,7 +294,8 @@ def test_a_full_queue_answers_429(jfk):
         with running(create_app(load_settings({}), busy)) as base:
             client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
             with pytest.raises(openai.RateLimitError) as info:
-                client.audio.transcriptions.create(file=jfk, model="tiny.en")
+                list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True)) if stream \
+                    else client.audio.transcriptions.create(file=jfk, model="tiny.en")
             assert info.value.status_code == 429 and info.value.body["type"] == "rate_limit_error"
             assert "file requests are refused from 32" in info.value.body["message"]
             assert info.value.response.headers["Retry-After"] == "1"  # engine/admission.py's default

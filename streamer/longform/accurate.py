@@ -33,8 +33,8 @@ import numpy as np
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions
 from streamer.longform.decode import decode_window, detect_language
 from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
-from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, open_after,
-                                      speech_seconds)
+from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, onset,
+                                      open_after, speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, after, join, make_segments
 from streamer.longform.vote import SegmentVote
 from streamer.longform.words import add_word_timestamps
@@ -277,7 +277,7 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
             if keep is not None:  # the model skipped speech: the next window starts on it
                 pieces, advance = pieces[:keep], pieces[keep - 1][1]
             spans, consumed = [p[:3] for p in pieces], pieces[-1][3] if pieces else 0
-            window.segments = heard(speech, make_segments(spans, result, tok, window))
+            window.segments = onset(speech, heard(speech, make_segments(spans, result, tok, window)))
             resume = left_out(speech, window) if by_speech else None
             if resume is not None:  # the model stopped early: go on from its last segment, not the window's end
                 advance = min(advance, (resume - seek) / SAMPLE_RATE)

@@ -21,7 +21,7 @@ import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Result
 from streamer.longform.decode import decode_window, detect_language
-from streamer.longform.speech import find_speech, left_out
+from streamer.longform.speech import find_speech, left_out, onset
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.decoding import split_segments
@@ -94,7 +94,7 @@ async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOpti
                 result = results[id(window)] = task.result()
                 if not result.verdict.silence:
                     spans = split_segments(result.tokens, engine.tokenizer, window.length / SAMPLE_RATE)
-                    window.segments = make_segments(spans, result, engine.tokenizer, window)
+                    window.segments = onset(speech, make_segments(spans, result, engine.tokenizer, window))
                 resume = left_out(speech, window) if id(window) in planned else None  # repairs are not repaired
                 if resume is not None:
                     repair = Window(start=resume, length=window.start + window.length - resume)

@@ -102,3 +102,20 @@ def heard(speech: list[tuple[int, int]], segments: list) -> list:
     text the model wrote over audio where the VAD hears none (a noise gap, a long pause) is
     invented, as Whisper's "Thank you." on silence is."""
     return [s for s in segments if speech_seconds(speech, round(s.start * SAMPLE_RATE), round(s.end * SAMPLE_RATE)) > 0]
+
+
+def onset(speech: list[tuple[int, int]], segments: list) -> list:
+    """`segments` (times in seconds from the recording's start), each that starts more than
+    `MAX_INITIAL_TIMESTAMP` before the first speech it holds (by the VAD) moved to start there.
+
+    Whisper's first timestamp in a window may not come later than 1 s, so a window opened on a long
+    pause writes the speech after it from 0 s: a prompt spoken 15 s into a 25-s recording (`fast`:
+    one window from 0 s) or after the pause at the start of a window that `accurate`'s backbone cut
+    as openai/whisper does came out as 0.0-18.2 s, its subtitle 15 s early. Within 1 s the
+    segment's own time stands (the VAD's edges are less sure than that)."""
+    for s in segments:
+        start, end = round(s.start * SAMPLE_RATE), round(s.end * SAMPLE_RATE)
+        first = next((max(a, start) for a, b in speech if b > start and a < end), None)
+        if first is not None and first - start > MAX_INITIAL_TIMESTAMP * SAMPLE_RATE:
+            s.start = round(first / SAMPLE_RATE, 3)
+    return segments

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from typing import Awaitable, TypeVar
 from dataclasses import dataclass
 
@@ -147,11 +148,17 @@ async def _transcribe(request: Request, task: str) -> Response:
             transcript = merge_channels(list(transcripts))
             _observe(state, transcript, started)
             body = render(transcript, req.response_format, segments=req.segments, words=req.words)
+            if req.logprobs:
+                body["logprobs"] = _logprobs(transcript, engine.tokenizer)
             if isinstance(body, dict):
                 return JSONResponse(body)
             return Response(body, media_type=MEDIA_TYPES[req.response_format])
         if req.stream:
-            return StreamingResponse(_events(engine, audio, run, state, started, limits.sse_keepalive_s),
+            deltas: asyncio.Queue = asyncio.Queue()
+            task = await _start_stream(engine, audio, run, deltas)
+            events = _events(task, deltas, state, started, limits.sse_keepalive_s)
+            weakref.finalize(events, task.cancel)  # a client that left before the first event: stop decoding
+            return StreamingResponse(events,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         transcript = await while_connected(request, transcribe_long(engine, audio, **run))
@@ -180,19 +187,50 @@ async def _transcribe(request: Request, task: str) -> Response:
             await form.close()
 
 
-async def _events(engine, audio, run: dict, state, started: float, keepalive_s: float):
+class _FirstSubmit:
+    """The engine, with `accepted` set once it has taken a window of the recording."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.accepted = asyncio.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def submit(self, *args, **kwargs):
+        handle = self._engine.submit(*args, **kwargs)  # raises QueueFull
+        self.accepted.set()
+        return handle
+
+
+async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue) -> asyncio.Task:
+    """The transcription of a streamed response, started, its segments' text put on `queue` (None
+    when it ends). Returns once the engine has taken its first window or it has ended, so that a
+    refused recording (QueueFull, EngineClosed, EngineUnavailable) is still an HTTP error with its
+    status (429 with Retry-After), not an error event after a 200."""
+    watched = _FirstSubmit(engine)
+    task = asyncio.ensure_future(transcribe_long(
+        watched, audio, on_segments=lambda segments: queue.put_nowait("".join(s.text for s in segments)), **run))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    accepted = asyncio.ensure_future(watched.accepted.wait())
+    try:
+        await asyncio.wait({task, accepted}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        accepted.cancel()
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        task.result()  # raises the refusal
+    return task
+
+
+async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: float, keepalive_s: float):
     """Server-sent events: `transcript.text.delta` per batch of final segments (a decoded window;
     with `accurate`'s vote, what it has made final), in order, then
     `transcript.text.done`; an error after the response began comes as an `error` event; a comment
     line after `keepalive_s` without an event."""
-    queue: asyncio.Queue = asyncio.Queue()
     first = True
-
-    def on_segments(segments) -> None:
-        queue.put_nowait("".join(s.text for s in segments))
-
-    task = asyncio.ensure_future(transcribe_long(engine, audio, on_segments=on_segments, **run))
-    task.add_done_callback(lambda _: queue.put_nowait(None))
     try:
         while True:
             try:  # (a get cancelled by the timeout loses no item: wait_for returns one that came meanwhile)

@@ -141,19 +141,7 @@ async def _transcribe(request: Request, task: str) -> Response:
         await form.close()  # the samples are in memory now: the temporary file can go
         form = None
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
-        if req.multichannel:
-            # The channels' windows go to the engine together and share its steps.
-            transcripts = await while_connected(request, asyncio.gather(*(transcribe_long(engine, channel, **run)
-                                                                          for channel in audio)))
-            transcript = merge_channels(list(transcripts))
-            _observe(state, transcript, started)
-            body = render(transcript, req.response_format, segments=req.segments, words=req.words)
-            if req.logprobs:
-                body["logprobs"] = _logprobs(transcript, engine.tokenizer)
-            if isinstance(body, dict):
-                return JSONResponse(body)
-            return Response(body, media_type=MEDIA_TYPES[req.response_format])
-        if req.stream:
+        if req.stream and not req.multichannel:
             deltas: asyncio.Queue = asyncio.Queue()
             task = await _start_stream(engine, audio, run, deltas)
             events = _events(task, deltas, state, started, limits.sse_keepalive_s)
@@ -161,12 +149,17 @@ async def _transcribe(request: Request, task: str) -> Response:
             return StreamingResponse(events,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        transcript = await while_connected(request, transcribe_long(engine, audio, **run))
+        if req.multichannel:
+            # The channels' windows go to the engine together and share its steps.
+            transcripts = await while_connected(request, asyncio.gather(*(transcribe_long(engine, channel, **run)
+                                                                          for channel in audio)))
+            transcript = merge_channels(list(transcripts))
+        else:
+            transcript = await while_connected(request, transcribe_long(engine, audio, **run))
         _observe(state, transcript, started)
         body = render(transcript, req.response_format, segments=req.segments, words=req.words)
         if req.logprobs:
-            body["logprobs"] = logprobs_wire(engine.tokenizer.token_bytes, (
-                pair for segment in transcript.segments for pair in zip(segment.tokens, segment.token_logprobs)))
+            body["logprobs"] = _logprobs(transcript, engine.tokenizer)
         if isinstance(body, dict):
             return JSONResponse(body)
         return Response(body, media_type=MEDIA_TYPES[req.response_format])
@@ -439,6 +432,12 @@ def _form_number(value):
         return int(value) if value.strip().lstrip("-").isdigit() else float(value)
     except ValueError:
         return value
+
+
+def _logprobs(transcript: Transcript, tok) -> list[dict]:
+    """OpenAI's `logprobs` of a json transcription: every text token of its segments."""
+    return logprobs_wire(tok.token_bytes, (
+        pair for segment in transcript.segments for pair in zip(segment.tokens, segment.token_logprobs)))
 
 
 def _language(language: str | None, tok) -> str | None:

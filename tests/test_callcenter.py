@@ -404,6 +404,44 @@ def test_deepgram_errors_in_its_shape(base):
     assert 'streamer_errors_total{code="UNSUPPORTED_MEDIA"} 1.0' in metrics
 
 
+def test_a_fast_deepgram_sender_is_held_to_the_backlog_bound(ws_base, manifest):
+    """A `/v1/listen` client sending a recording as fast as it can (as Deepgram's own examples stream
+    files) is not read more than `MAX_BACKLOG_S` (10 s) past its oldest undelivered final, as on
+    `/v1/stream`: the server had read all 120 s at once (QA session 30), holding the audio of every
+    utterance queued behind the first final. Lower bound from the messages: the latest
+    `SpeechStarted` against the end of the latest final `Results` (its utterance is at most the
+    VAD's 28 s)."""
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    audio = s16(decode_audio(row["audio"])[: 120 * RATE])
+
+    async def run() -> list[dict]:
+        messages = []
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000&vad_events=true",
+                                      additional_headers={"Authorization": f"Token {KEY}"}, ping_interval=None) as ws:
+            async def read():
+                async for message in ws:
+                    messages.append(json.loads(message))
+
+            reader = asyncio.ensure_future(read())
+            for i in range(0, len(audio), 3200):
+                await ws.send(audio[i:i + 3200])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            await asyncio.wait_for(reader, 300)
+        return messages
+
+    messages = asyncio.run(run())
+    heard, delivered, worst = 0.0, 0.0, 0.0
+    for m in messages:
+        if m["type"] == "SpeechStarted":
+            heard = max(heard, m["timestamp"])
+        elif m["type"] == "Results" and m["is_final"]:
+            delivered = max(delivered, m["start"] + m["duration"])
+        worst = max(worst, heard - delivered)
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+    assert messages[-1]["type"] == "Metadata" and len(finals) >= 4, messages[-3:]
+    assert worst <= 10.0 + 28.0 + 1.0, worst
+
+
 def test_audio_keeps_deepgram_and_twilio_streams_past_the_first_audio_timeout(engine):
     """`first_audio_timeout_s` ends a connection that sends no audio; Deepgram's and Twilio's
     streams that do send it, paced over three times that timeout, run to their own end."""

@@ -404,6 +404,27 @@ def test_deepgram_errors_in_its_shape(base):
     assert 'streamer_errors_total{code="UNSUPPORTED_MEDIA"} 1.0' in metrics
 
 
+def test_a_finalize_after_the_vad_ended_the_utterance_answers_after_its_final(ws_base, jfk):
+    """`Finalize` when the VAD has already ended the utterance but its final is still decoding:
+    the empty `from_finalize` answer ("finalization complete", Deepgram) comes after that final,
+    not before it (it came first, at a later `start`: a push-to-talk client that waits for
+    `from_finalize` took the turn as silent; QA session 30)."""
+    audio = s16(np.concatenate([jfk[: int(3.2 * RATE)], np.zeros(RATE, np.float32)]))  # "And so my fellow Americans"
+
+    async def run() -> list[dict]:
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000",
+                                      additional_headers={"Authorization": f"Token {KEY}"}) as ws:
+            await ws.send(audio)
+            await ws.send(json.dumps({"type": "Finalize"}))
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            return [json.loads(m) async for m in ws]
+
+    results = [m for m in asyncio.run(run()) if m["type"] == "Results"]
+    texts = [r["channel"]["alternatives"][0]["transcript"] for r in results]
+    assert len(results) == 2 and wer("And so my fellow Americans", texts[0]) < 0.3 and texts[1] == "", results
+    assert results[1]["from_finalize"] and results[0]["start"] <= results[1]["start"]
+
+
 def test_a_fast_deepgram_sender_is_held_to_the_backlog_bound(ws_base, manifest):
     """A `/v1/listen` client sending a recording as fast as it can (as Deepgram's own examples stream
     files) is not read more than `MAX_BACKLOG_S` (10 s) past its oldest undelivered final, as on

@@ -128,6 +128,25 @@ def test_finalize_with_nothing_open_answers_an_empty_final_at_once():
     assert empty["channel"]["alternatives"] == [{"transcript": "", "confidence": 0.0, "words": []}]
 
 
+def test_finalize_with_nothing_open_answers_after_the_finals_still_decoding():
+    """The VAD ended utterance 1 before the `Finalize`: the empty answer follows its final."""
+    p = protocol(utterance_end_ms="1000")
+    p.receive_bytes(b"\0" * 64000)  # 2 s
+    p.on_event(Committed(1, 0.0, 1.3, 1.3), None)
+    p.receive_text(json.dumps({"type": "Finalize"}))
+    assert p.finalized(False) == []
+    result, utterance_end, empty = messages(p.on_event(final(1), None))
+    assert result["channel"]["alternatives"][0]["transcript"] == "Ask not!" and result["speech_final"]
+    assert utterance_end["type"] == "UtteranceEnd"
+    assert empty["from_finalize"] and empty["channel"]["alternatives"][0]["transcript"] == "" and empty["start"] == 2.0
+    # A silent or failed final releases it too.
+    p.on_event(Committed(2, 1.3, 1.9, 1.9), None)
+    p.receive_text(json.dumps({"type": "Finalize"}))
+    assert p.finalized(False) == []
+    (empty,) = messages(p.on_event(Finalized(2, None, 0.0, 0.6), None))
+    assert empty["from_finalize"]
+
+
 def test_metadata_closes_the_stream():
     p = protocol(encoding="mulaw")
     audio = bytes(range(256)) * 8

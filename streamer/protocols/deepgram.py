@@ -234,6 +234,10 @@ class ListenProtocol:
         self._finalizing = False
         self._from_finalize: set[tuple[int, int]] = set()
         """(channel, utterance) that a `Finalize` committed: their `Results` say `from_finalize`."""
+        self._undelivered: set[tuple[int, int]] = set()
+        """(channel, utterance) committed whose final has not gone out."""
+        self._owed: list[tuple[set[tuple[int, int]], dict]] = []
+        """Empty `from_finalize` answers waiting for the finals committed before their `Finalize`."""
 
     @property
     def n_channels(self) -> int:
@@ -283,8 +287,12 @@ class ListenProtocol:
         self._finalizing = False
         if opened:
             return []
-        return [Send(self._results(0, "", [], None, self.duration, self.duration, is_final=True,
-                                   speech_final=False, from_finalize=True))]
+        empty = self._results(0, "", [], None, self.duration, self.duration, is_final=True, speech_final=False,
+                              from_finalize=True)
+        if self._undelivered:  # "finalization complete" goes out after the finals of the audio before it
+            self._owed.append((set(self._undelivered), empty))
+            return []
+        return [Send(empty)]
 
     def on_event(self, event: StreamEvent, channel: int | None) -> list[Output]:
         """A bridge event of the channel `channel` (None: a mixed stream) -> Deepgram messages."""
@@ -298,22 +306,29 @@ class ListenProtocol:
             return [Send(self._results(ch, event.text.strip(), [], None, event.start, event.end, is_final=False,
                                        speech_final=False, from_finalize=False))]
         if isinstance(event, Committed):
+            self._undelivered.add((ch, event.utterance_id))
             if self._finalizing:
                 self._from_finalize.add((ch, event.utterance_id))
             return []
         if isinstance(event, Finalized):
-            finalized = (ch, event.utterance_id) in self._from_finalize
-            self._from_finalize.discard((ch, event.utterance_id))
+            key = (ch, event.utterance_id)
+            finalized = key in self._from_finalize
+            self._from_finalize.discard(key)
+            self._undelivered.discard(key)
+            out: list[Output] = []
             final = event.final
-            if final is None:  # silence, or a failed decode (which the transport logs)
-                return []
-            words = dg_words(final.words)
-            out: list[Output] = [Send(self._results(ch, final.text, words, final.avg_logprob, final.start, final.end,
-                                                    is_final=True, speech_final=not finalized,
-                                                    from_finalize=finalized))]
-            if self.options.utterance_end_ms is not None:
-                last = words[-1]["end"] if words else round(final.end, 3)
-                out.append(Send({"type": "UtteranceEnd", "channel": [ch, self.n_channels], "last_word_end": last}))
+            if final is not None:  # None: silence, or a failed decode (which the transport logs)
+                words = dg_words(final.words)
+                out.append(Send(self._results(ch, final.text, words, final.avg_logprob, final.start, final.end,
+                                              is_final=True, speech_final=not finalized, from_finalize=finalized)))
+                if self.options.utterance_end_ms is not None:
+                    last = words[-1]["end"] if words else round(final.end, 3)
+                    out.append(Send({"type": "UtteranceEnd", "channel": [ch, self.n_channels],
+                                     "last_word_end": last}))
+            for waiting, _ in self._owed:
+                waiting.discard(key)
+            while self._owed and not self._owed[0][0]:
+                out.append(Send(self._owed.pop(0)[1]))
             return out
         return []  # SpeechStopped: Deepgram has no message of its own for it
 

@@ -263,6 +263,42 @@ def test_manual_commits_and_clear(base, prompts):
     assert wer(prompts[1][2]["text"], three) < 0.2  # nothing of the cleared prompt
 
 
+def test_a_cleared_item_stays_out_of_the_next_items(base, jfk_path):
+    """Server VAD: `clear` while "Ask not" is open drops it, and the next item, decoded in the
+    stream's preceding audio (acoustic context), does not bring it back: the cleared audio sat
+    inside the next item's context window with no text of its own in the prefix, so the next
+    transcript began "Ask not what your country..." (QA session 30)."""
+    jfk = decode_audio(jfk_path)
+    cut = int(4.45 * 16000)  # "Ask not" (3.3-4.4 s) still open: its silence is shorter than 500 ms
+
+    async def run() -> list[dict]:
+        ws = await raw(base)
+        events = []
+
+        async def append(pcm: bytes) -> None:
+            for i in range(0, len(pcm), 4800):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + 4800]).decode()}))
+
+        await append(pcm24k(jfk[:cut]))
+        while [e["type"] for e in events].count("input_audio_buffer.speech_started") < 2 or \
+                COMPLETED not in [e["type"] for e in events]:  # "And so my fellow Americans" is in: context
+            events.append(await next_event(ws))
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        await append(pcm24k(jfk[cut:]) + silence(TAIL_S))
+        while [e["type"] for e in events].count(COMPLETED) < 3:
+            events.append(await next_event(ws))
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    assert "input_audio_buffer.cleared" in [e["type"] for e in events]
+    first, third, fourth = (e["transcript"] for e in events if e["type"] == COMPLETED)
+    assert wer("And so my fellow Americans", first) < 0.2, first
+    assert wer("what your country can do for you", third) < 0.2, third  # nothing of the cleared "Ask not"
+    assert wer("ask what you can do for your country", fourth) < 0.2, fourth
+
+
 def test_errors_keep_the_session(base):
     bad = [
         ("{oops", "invalid_json", None),

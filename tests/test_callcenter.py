@@ -425,6 +425,29 @@ def test_a_finalize_after_the_vad_ended_the_utterance_answers_after_its_final(ws
     assert results[1]["from_finalize"] and results[0]["start"] <= results[1]["start"]
 
 
+def test_an_empty_binary_message_closes_a_deepgram_stream(ws_base, jfk):
+    """Deepgram's older way to end a stream, still honoured there and sent by older clients: a
+    zero-length binary message works as `CloseStream` (finals, `Metadata`, close 1000). It was
+    taken as no audio, and the client waited for the idle timeout (60 s; QA session 30)."""
+    audio = s16(np.concatenate([jfk[: int(3.2 * RATE)], np.zeros(RATE // 2, np.float32)]))
+
+    async def run() -> tuple[list[dict], int]:
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000",
+                                      additional_headers={"Authorization": f"Token {KEY}"}) as ws:
+            await ws.send(audio)
+            await ws.send(b"")
+            messages = await asyncio.wait_for(asyncio.ensure_future(_all(ws)), 40)
+            return messages, ws.close_code
+
+    async def _all(ws) -> list[dict]:
+        return [json.loads(m) async for m in ws]
+
+    messages, code = asyncio.run(run())
+    assert [m["type"] for m in messages] == ["Results", "Metadata"] and code == 1000, messages
+    assert wer("And so my fellow Americans", messages[0]["channel"]["alternatives"][0]["transcript"]) < 0.3
+    assert messages[1]["duration"] == pytest.approx(3.7)
+
+
 def test_a_fast_deepgram_sender_is_held_to_the_backlog_bound(ws_base, manifest):
     """A `/v1/listen` client sending a recording as fast as it can (as Deepgram's own examples stream
     files) is not read more than `MAX_BACKLOG_S` (10 s) past its oldest undelivered final, as on

@@ -70,6 +70,7 @@ def test_control_messages():
     assert p.receive_text(json.dumps({"type": "KeepAlive"})) == []
     assert p.receive_text(json.dumps({"type": "Finalize"})) == [Finalize()]
     assert p.receive_text(json.dumps({"type": "CloseStream"})) == [CloseStream()]
+    assert p.receive_bytes(b"") == [CloseStream()]  # Deepgram's older end of stream
     for text in ("not json", json.dumps({"type": "Bogus"}), json.dumps([1])):
         (error,) = messages(p.receive_text(text))
         assert error["type"] == "Error" and error["variant"] == "INVALID_MESSAGE", text

@@ -255,6 +255,8 @@ class ListenProtocol:
         if limit is not None and len(data) > limit:
             return [Send(ListenError(f"a {len(data)}-byte message is over the {limit}-byte limit",
                                      "DATA-0001").message_event())]
+        if not data:  # Deepgram's older end of stream, which it still honours (older clients send it)
+            return [CloseStream()]
         self._digest.update(data)
         data = self._pending + data
         whole = len(data) - len(data) % self._frame_bytes

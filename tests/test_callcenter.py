@@ -448,6 +448,30 @@ def test_an_empty_binary_message_closes_a_deepgram_stream(ws_base, jfk):
     assert messages[1]["duration"] == pytest.approx(3.7)
 
 
+def test_finalize_of_one_channel_leaves_the_others_open(ws_base, stereo):
+    """Deepgram's `{"type": "Finalize", "channel": 1}` finalises channel 1 alone: the agent on
+    channel 0, mid-sentence, is not cut (every channel was finalised; QA session 30)."""
+    audio, texts = stereo
+    pcm = s16(audio)
+    at = 2 * int(2.0 * RATE) * 2  # 2.0 s of both channels: JFK (channel 0) is mid "Americans"
+
+    async def run() -> list[dict]:
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000&channels=2"
+                                      "&multichannel=true", additional_headers={"Authorization": f"Token {KEY}"}) as ws:
+            await ws.send(pcm[:at])
+            await ws.send(json.dumps({"type": "Finalize", "channel": 1}))
+            await ws.send(pcm[at:])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            return [json.loads(m) async for m in ws]
+
+    results = [m for m in asyncio.run(run()) if m["type"] == "Results"]
+    by_channel = {c: [r for r in results if r["channel_index"] == [c, 2]] for c in (0, 1)}
+    assert not any(r["from_finalize"] for r in by_channel[0]), by_channel[0]
+    assert any(r["from_finalize"] for r in by_channel[1]), by_channel[1]
+    jfk = " ".join(r["channel"]["alternatives"][0]["transcript"] for r in by_channel[0])
+    assert wer(texts[0], jfk) < 0.2, jfk
+
+
 def test_a_fast_deepgram_sender_is_held_to_the_backlog_bound(ws_base, manifest):
     """A `/v1/listen` client sending a recording as fast as it can (as Deepgram's own examples stream
     files) is not read more than `MAX_BACKLOG_S` (10 s) past its oldest undelivered final, as on

@@ -119,6 +119,24 @@ def test_finalize_marks_what_it_committed():
     assert by_vad["speech_final"] and not by_vad["from_finalize"]
 
 
+def test_finalize_of_one_channel():
+    """Deepgram's `channel` field finalises that channel alone; a bad one is an `Error`."""
+    p = protocol(multichannel="true", channels="2")
+    assert p.receive_text(json.dumps({"type": "Finalize", "channel": 1})) == [Finalize(1)]
+    p.on_event(Committed(3, 0.0, 1.3, 1.3), 0)  # the VAD's commit on channel 0 during the flush
+    p.on_event(Committed(5, 0.0, 1.2, 1.2), 1)
+    assert p.finalized(True, 1) == []
+    (on_0,) = messages(p.on_event(final(3), 0))
+    (on_1,) = messages(p.on_event(final(5), 1))
+    assert not on_0["from_finalize"] and on_1["from_finalize"] and on_1["channel_index"] == [1, 2]
+    p.receive_text(json.dumps({"type": "Finalize", "channel": 0}))
+    (empty,) = messages(p.finalized(False, 0))
+    assert empty["from_finalize"] and empty["channel_index"] == [0, 2]
+    for bad in (2, -1, "0", True, 0.0):
+        (error,) = messages(p.receive_text(json.dumps({"type": "Finalize", "channel": bad})))
+        assert error["variant"] == "INVALID_MESSAGE" and "channel" in error["description"], bad
+
+
 def test_finalize_with_nothing_open_answers_an_empty_final_at_once():
     p = protocol()
     p.receive_bytes(b"\0" * 3200)  # 0.1 s

@@ -205,7 +205,9 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class Finalize:
-    """End every channel's open utterance now, then call `finalized(opened)`."""
+    """End the open utterance of `channel` (None: of every channel) now, then call `finalized(opened)`."""
+
+    channel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,8 @@ class ListenProtocol:
         self._bytes = 0
         """Bytes of whole sample frames taken, for the stream's duration."""
         self._digest = hashlib.sha256()
-        self._finalizing = False
+        self._finalizing: set[int] = set()
+        """The channels a `Finalize` is flushing now."""
         self._from_finalize: set[tuple[int, int]] = set()
         """(channel, utterance) that a `Finalize` committed: their `Results` say `from_finalize`."""
         self._undelivered: set[tuple[int, int]] = set()
@@ -276,23 +279,31 @@ class ListenProtocol:
             return [Send(ListenError(f"unknown message type {kind!r} ({', '.join(CONTROL)})",
                                      "INVALID_MESSAGE").message_event())]
         if kind == "Finalize":
-            self._finalizing = True  # the commits the flush makes now are the Finalize's
-            return [Finalize()]
+            channel = msg.get("channel")
+            if channel is not None and (not isinstance(channel, int) or isinstance(channel, bool)
+                                        or not 0 <= channel < self.n_channels):
+                return [Send(ListenError(f"Finalize's channel must be a channel index from 0 to "
+                                         f"{self.n_channels - 1}, not {channel!r}", "INVALID_MESSAGE").message_event())]
+            # The commits the flush makes now are the Finalize's.
+            self._finalizing = set(range(self.n_channels)) if channel is None else {channel}
+            return [Finalize(channel)]
         if kind == "CloseStream":
             return [CloseStream()]
         return []
 
     # --- what the transport reports ---------------------------------------------------------------
 
-    def finalized(self, opened: bool) -> list[Output]:
-        """The `Finalize` flush is done; when no utterance was open, an empty final says so at once."""
-        self._finalizing = False
+    def finalized(self, opened: bool, channel: int | None = None) -> list[Output]:
+        """The `Finalize` flush (of `channel`, None: of all) is done; when no utterance was open, an
+        empty final says so."""
+        self._finalizing = set()
         if opened:
             return []
-        empty = self._results(0, "", [], None, self.duration, self.duration, is_final=True, speech_final=False,
-                              from_finalize=True)
-        if self._undelivered:  # "finalization complete" goes out after the finals of the audio before it
-            self._owed.append((set(self._undelivered), empty))
+        empty = self._results(channel or 0, "", [], None, self.duration, self.duration, is_final=True,
+                              speech_final=False, from_finalize=True)
+        waiting = {k for k in self._undelivered if channel is None or k[0] == channel}
+        if waiting:  # "finalization complete" goes out after the finals of the audio before it
+            self._owed.append((waiting, empty))
             return []
         return [Send(empty)]
 
@@ -309,7 +320,7 @@ class ListenProtocol:
                                        speech_final=False, from_finalize=False))]
         if isinstance(event, Committed):
             self._undelivered.add((ch, event.utterance_id))
-            if self._finalizing:
+            if ch in self._finalizing:
                 self._from_finalize.add((ch, event.utterance_id))
             return []
         if isinstance(event, Finalized):

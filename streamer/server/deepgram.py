@@ -118,7 +118,7 @@ class DeepgramStream(SocketStream):
                 self.audio_seen = True
                 self._channels.push(out.data)
             elif isinstance(out, Finalize):
-                self._carry_out(self._protocol.finalized(self._channels.flush()))
+                self._carry_out(self._protocol.finalized(self._channels.flush(out.channel), out.channel))
             elif isinstance(out, CloseStream):
                 return True
         return False

@@ -299,6 +299,43 @@ def test_a_cleared_item_stays_out_of_the_next_items(base, jfk_path):
     assert wer("ask what you can do for your country", fourth) < 0.2, fourth
 
 
+def test_an_item_after_a_commit_mid_speech_starts_where_the_commit_cut(base, jfk_path):
+    """Server VAD, `commit` mid-sentence: the speech goes on as the next item, whose audio begins at
+    the cut. Its `audio_start_ms` said 200 ms earlier (speech start minus the padding, which the
+    cut had taken), inside the committed item (QA session 30); every item now starts at or after
+    where the one before it stopped."""
+    jfk = decode_audio(jfk_path)
+    cut = int(1.5 * 16000)  # "And so my fellow | Americans"
+
+    async def run() -> list[dict]:
+        ws = await raw(base)
+        events = []
+
+        async def append(pcm: bytes) -> None:
+            for i in range(0, len(pcm), 4800):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + 4800]).decode()}))
+
+        await append(pcm24k(jfk[:cut]))
+        while "input_audio_buffer.speech_started" not in [e["type"] for e in events]:
+            events.append(await next_event(ws))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await append(pcm24k(jfk[cut:]) + silence(TAIL_S))
+        while [e["type"] for e in events].count(COMPLETED) < 5:
+            events.append(await next_event(ws))
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    started = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    stopped = [e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    assert stopped[0] == pytest.approx(1500, abs=5) and started[1] == stopped[0], (started, stopped)
+    assert all(b >= a for a, b in zip(stopped, started[1:])), (started, stopped)
+    transcripts = [e["transcript"] for e in events if e["type"] == COMPLETED]
+    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for "
+               "your country.", " ".join(transcripts)) < 0.2, transcripts
+
+
 def test_errors_keep_the_session(base):
     bad = [
         ("{oops", "invalid_json", None),

@@ -363,8 +363,8 @@ class RealtimeProtocol:
                 return []
             item = self._item(ItemKey(number, event.utterance_id))
             pad = seg.config.turn_detection.prefix_padding_ms / 1000.0
-            return [self._event("input_audio_buffer.speech_started",
-                                audio_start_ms=_ms(seg, max(0.0, event.t - pad)), item_id=item.id)]
+            start = event.start if event.start is not None else max(0.0, event.t - pad)
+            return [self._event("input_audio_buffer.speech_started", audio_start_ms=_ms(seg, start), item_id=item.id)]
         if isinstance(event, SpeechStopped):
             if seg.manual:
                 return []

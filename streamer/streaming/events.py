@@ -24,6 +24,9 @@ class SpeechStarted:
 
     t: float
     utterance_id: int
+    start: float | None = None
+    """Where the utterance's audio begins, padding included (at most the padding before `t`, never
+    before the end of the previous utterance); not on the native wire."""
 
     def to_dict(self) -> dict:
         return {"type": "speech_started", "t": _ms(self.t), "utterance_id": self.utterance_id}

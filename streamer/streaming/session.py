@@ -289,7 +289,7 @@ class Session:
     def _on_boundary(self, b: VADEvent) -> list[Event]:
         if b.kind == "start":
             self._utterance = self._open(b.sample)
-            return [SpeechStarted(b.speech / SAMPLE_RATE, self._utterance.id)]
+            return [SpeechStarted(b.speech / SAMPLE_RATE, self._utterance.id, b.sample / SAMPLE_RATE)]
         utt = self._utterance
         assert utt is not None, f"VAD {b.kind} without an open utterance"
         self._utterance = None

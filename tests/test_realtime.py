@@ -336,6 +336,42 @@ def test_an_item_after_a_commit_mid_speech_starts_where_the_commit_cut(base, jfk
                "your country.", " ".join(transcripts)) < 0.2, transcripts
 
 
+def test_a_cut_whose_remainder_is_discarded_still_completes_every_item(base, jfk_path):
+    """Speech that stops just before `max_utterance_s` (28 s): the cut falls in the silence after it,
+    so the item the server announced at the cut (`speech_started`) holds no speech and is
+    discarded. That item got `speech_stopped` and then nothing: no `committed`, no transcription,
+    and a client waiting for its transcript waited for ever (QA session 30). Every announced item
+    now ends with `committed` and one `completed` ("" for the discarded one)."""
+    jfk = decode_audio(jfk_path)
+    # Speech from 0.35 s to 26.4 s ("...ask not"), pauses under the 2-s silence: one utterance, cut at 28 s.
+    audio = np.concatenate([jfk, jfk, jfk[: int(4.5 * 16000)], np.zeros(6 * 16000, np.float32)])
+
+    async def run() -> list[dict]:
+        ws = await raw(base)
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}}}))
+        await next_event(ws)
+        pcm = pcm24k(audio)
+        for i in range(0, len(pcm), 9600):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i:i + 9600]).decode()}))
+        events = []
+        while True:  # until every announced item has completed
+            events.append(await next_event(ws))
+            kinds = [e["type"] for e in events]
+            if "input_audio_buffer.speech_stopped" in kinds and \
+                    kinds.count("input_audio_buffer.speech_started") == kinds.count(COMPLETED):
+                break
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    transcripts = check_items(events)
+    assert len(transcripts) == 2 and transcripts[1] == "", transcripts
+    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for "
+               "your country. " * 2 + "And so my fellow Americans, ask not", transcripts[0]) < 0.2, transcripts
+
+
 def test_errors_keep_the_session(base):
     bad = [
         ("{oops", "invalid_json", None),

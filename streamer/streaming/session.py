@@ -297,10 +297,9 @@ class Session:
             final = self._submit_final(utt, b.sample, b.sample)
             self._utterance = self._open(b.sample)
             return [final]
-        stopped = SpeechStopped(b.speech / SAMPLE_RATE, utt.id)
         if b.kind == "discard":
-            return [stopped]
-        return [stopped, self._submit_final(utt, b.sample, b.speech)]
+            return [SpeechStopped(b.speech / SAMPLE_RATE, utt.id, discarded=True)]
+        return [SpeechStopped(b.speech / SAMPLE_RATE, utt.id), self._submit_final(utt, b.sample, b.speech)]
 
     def _open(self, start: int) -> _Utterance:
         utt = _Utterance(id=self._next_id, start=start, partial_mark=start)

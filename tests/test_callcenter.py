@@ -419,6 +419,112 @@ def test_deepgram_errors_in_its_shape(base):
     assert 'streamer_errors_total{code="UNSUPPORTED_MEDIA"} 1.0' in metrics
 
 
+def test_a_finalize_after_the_vad_ended_the_utterance_answers_after_its_final(ws_base, jfk):
+    """`Finalize` when the VAD has already ended the utterance but its final is still decoding:
+    the empty `from_finalize` answer ("finalization complete", Deepgram) comes after that final,
+    not before it (it came first, at a later `start`: a push-to-talk client that waits for
+    `from_finalize` took the turn as silent; QA session 30)."""
+    audio = s16(np.concatenate([jfk[: int(3.2 * RATE)], np.zeros(RATE, np.float32)]))  # "And so my fellow Americans"
+
+    async def run() -> list[dict]:
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000",
+                                      additional_headers={"Authorization": f"Token {KEY}"}) as ws:
+            await ws.send(audio)
+            await ws.send(json.dumps({"type": "Finalize"}))
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            return [json.loads(m) async for m in ws]
+
+    results = [m for m in asyncio.run(run()) if m["type"] == "Results"]
+    texts = [r["channel"]["alternatives"][0]["transcript"] for r in results]
+    assert len(results) == 2 and wer("And so my fellow Americans", texts[0]) < 0.3 and texts[1] == "", results
+    assert results[1]["from_finalize"] and results[0]["start"] <= results[1]["start"]
+
+
+def test_an_empty_binary_message_closes_a_deepgram_stream(ws_base, jfk):
+    """Deepgram's older way to end a stream, still honoured there and sent by older clients: a
+    zero-length binary message works as `CloseStream` (finals, `Metadata`, close 1000). It was
+    taken as no audio, and the client waited for the idle timeout (60 s; QA session 30)."""
+    audio = s16(np.concatenate([jfk[: int(3.2 * RATE)], np.zeros(RATE // 2, np.float32)]))
+
+    async def run() -> tuple[list[dict], int]:
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000",
+                                      additional_headers={"Authorization": f"Token {KEY}"}) as ws:
+            await ws.send(audio)
+            await ws.send(b"")
+            messages = await asyncio.wait_for(asyncio.ensure_future(_all(ws)), 40)
+            return messages, ws.close_code
+
+    async def _all(ws) -> list[dict]:
+        return [json.loads(m) async for m in ws]
+
+    messages, code = asyncio.run(run())
+    assert [m["type"] for m in messages] == ["Results", "Metadata"] and code == 1000, messages
+    assert wer("And so my fellow Americans", messages[0]["channel"]["alternatives"][0]["transcript"]) < 0.3
+    assert messages[1]["duration"] == pytest.approx(3.7)
+
+
+def test_finalize_of_one_channel_leaves_the_others_open(ws_base, stereo):
+    """Deepgram's `{"type": "Finalize", "channel": 1}` finalises channel 1 alone: the agent on
+    channel 0, mid-sentence, is not cut (every channel was finalised; QA session 30)."""
+    audio, texts = stereo
+    pcm = s16(audio)
+    at = 2 * int(2.0 * RATE) * 2  # 2.0 s of both channels: JFK (channel 0) is mid "Americans"
+
+    async def run() -> list[dict]:
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000&channels=2"
+                                      "&multichannel=true", additional_headers={"Authorization": f"Token {KEY}"}) as ws:
+            await ws.send(pcm[:at])
+            await ws.send(json.dumps({"type": "Finalize", "channel": 1}))
+            await ws.send(pcm[at:])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            return [json.loads(m) async for m in ws]
+
+    results = [m for m in asyncio.run(run()) if m["type"] == "Results"]
+    by_channel = {c: [r for r in results if r["channel_index"] == [c, 2]] for c in (0, 1)}
+    assert not any(r["from_finalize"] for r in by_channel[0]), by_channel[0]
+    assert any(r["from_finalize"] for r in by_channel[1]), by_channel[1]
+    jfk = " ".join(r["channel"]["alternatives"][0]["transcript"] for r in by_channel[0])
+    assert wer(texts[0], jfk) < 0.2, jfk
+
+
+def test_a_fast_deepgram_sender_is_held_to_the_backlog_bound(ws_base, manifest):
+    """A `/v1/listen` client sending a recording as fast as it can (as Deepgram's own examples stream
+    files) is not read more than `MAX_BACKLOG_S` (10 s) past its oldest undelivered final, as on
+    `/v1/stream`: the server had read all 120 s at once (QA session 30), holding the audio of every
+    utterance queued behind the first final. Lower bound from the messages: the latest
+    `SpeechStarted` against the end of the latest final `Results` (its utterance is at most the
+    VAD's 28 s)."""
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    audio = s16(decode_audio(row["audio"])[: 120 * RATE])
+
+    async def run() -> list[dict]:
+        messages = []
+        async with websockets.connect(ws_base + "/v1/listen?encoding=linear16&sample_rate=16000&vad_events=true",
+                                      additional_headers={"Authorization": f"Token {KEY}"}, ping_interval=None) as ws:
+            async def read():
+                async for message in ws:
+                    messages.append(json.loads(message))
+
+            reader = asyncio.ensure_future(read())
+            for i in range(0, len(audio), 3200):
+                await ws.send(audio[i:i + 3200])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            await asyncio.wait_for(reader, 300)
+        return messages
+
+    messages = asyncio.run(run())
+    heard, delivered, worst = 0.0, 0.0, 0.0
+    for m in messages:
+        if m["type"] == "SpeechStarted":
+            heard = max(heard, m["timestamp"])
+        elif m["type"] == "Results" and m["is_final"]:
+            delivered = max(delivered, m["start"] + m["duration"])
+        worst = max(worst, heard - delivered)
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+    assert messages[-1]["type"] == "Metadata" and len(finals) >= 4, messages[-3:]
+    assert worst <= 10.0 + 28.0 + 1.0, worst
+
+
 def test_audio_keeps_deepgram_and_twilio_streams_past_the_first_audio_timeout(engine):
     """`first_audio_timeout_s` ends a connection that sends no audio; Deepgram's and Twilio's
     streams that do send it, paced over three times that timeout, run to their own end."""

@@ -70,6 +70,7 @@ def test_control_messages():
     assert p.receive_text(json.dumps({"type": "KeepAlive"})) == []
     assert p.receive_text(json.dumps({"type": "Finalize"})) == [Finalize()]
     assert p.receive_text(json.dumps({"type": "CloseStream"})) == [CloseStream()]
+    assert p.receive_bytes(b"") == [CloseStream()]  # Deepgram's older end of stream
     for text in ("not json", json.dumps({"type": "Bogus"}), json.dumps([1])):
         (error,) = messages(p.receive_text(text))
         assert error["type"] == "Error" and error["variant"] == "INVALID_MESSAGE", text
@@ -118,6 +119,24 @@ def test_finalize_marks_what_it_committed():
     assert by_vad["speech_final"] and not by_vad["from_finalize"]
 
 
+def test_finalize_of_one_channel():
+    """Deepgram's `channel` field finalises that channel alone; a bad one is an `Error`."""
+    p = protocol(multichannel="true", channels="2")
+    assert p.receive_text(json.dumps({"type": "Finalize", "channel": 1})) == [Finalize(1)]
+    p.on_event(Committed(3, 0.0, 1.3, 1.3), 0)  # the VAD's commit on channel 0 during the flush
+    p.on_event(Committed(5, 0.0, 1.2, 1.2), 1)
+    assert p.finalized(True, 1) == []
+    (on_0,) = messages(p.on_event(final(3), 0))
+    (on_1,) = messages(p.on_event(final(5), 1))
+    assert not on_0["from_finalize"] and on_1["from_finalize"] and on_1["channel_index"] == [1, 2]
+    p.receive_text(json.dumps({"type": "Finalize", "channel": 0}))
+    (empty,) = messages(p.finalized(False, 0))
+    assert empty["from_finalize"] and empty["channel_index"] == [0, 2]
+    for bad in (2, -1, "0", True, 0.0):
+        (error,) = messages(p.receive_text(json.dumps({"type": "Finalize", "channel": bad})))
+        assert error["variant"] == "INVALID_MESSAGE" and "channel" in error["description"], bad
+
+
 def test_finalize_with_nothing_open_answers_an_empty_final_at_once():
     p = protocol()
     p.receive_bytes(b"\0" * 3200)  # 0.1 s
@@ -126,6 +145,25 @@ def test_finalize_with_nothing_open_answers_an_empty_final_at_once():
     assert empty["is_final"] and empty["from_finalize"] and not empty["speech_final"]
     assert (empty["start"], empty["duration"]) == (0.1, 0.0)
     assert empty["channel"]["alternatives"] == [{"transcript": "", "confidence": 0.0, "words": []}]
+
+
+def test_finalize_with_nothing_open_answers_after_the_finals_still_decoding():
+    """The VAD ended utterance 1 before the `Finalize`: the empty answer follows its final."""
+    p = protocol(utterance_end_ms="1000")
+    p.receive_bytes(b"\0" * 64000)  # 2 s
+    p.on_event(Committed(1, 0.0, 1.3, 1.3), None)
+    p.receive_text(json.dumps({"type": "Finalize"}))
+    assert p.finalized(False) == []
+    result, utterance_end, empty = messages(p.on_event(final(1), None))
+    assert result["channel"]["alternatives"][0]["transcript"] == "Ask not!" and result["speech_final"]
+    assert utterance_end["type"] == "UtteranceEnd"
+    assert empty["from_finalize"] and empty["channel"]["alternatives"][0]["transcript"] == "" and empty["start"] == 2.0
+    # A silent or failed final releases it too.
+    p.on_event(Committed(2, 1.3, 1.9, 1.9), None)
+    p.receive_text(json.dumps({"type": "Finalize"}))
+    assert p.finalized(False) == []
+    (empty,) = messages(p.on_event(Finalized(2, None, 0.0, 0.6), None))
+    assert empty["from_finalize"]
 
 
 def test_metadata_closes_the_stream():

@@ -263,6 +263,115 @@ def test_manual_commits_and_clear(base, prompts):
     assert wer(prompts[1][2]["text"], three) < 0.2  # nothing of the cleared prompt
 
 
+def test_a_cleared_item_stays_out_of_the_next_items(base, jfk_path):
+    """Server VAD: `clear` while "Ask not" is open drops it, and the next item, decoded in the
+    stream's preceding audio (acoustic context), does not bring it back: the cleared audio sat
+    inside the next item's context window with no text of its own in the prefix, so the next
+    transcript began "Ask not what your country..." (QA session 30)."""
+    jfk = decode_audio(jfk_path)
+    cut = int(4.45 * 16000)  # "Ask not" (3.3-4.4 s) still open: its silence is shorter than 500 ms
+
+    async def run() -> list[dict]:
+        ws = await raw(base)
+        events = []
+
+        async def append(pcm: bytes) -> None:
+            for i in range(0, len(pcm), 4800):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + 4800]).decode()}))
+
+        await append(pcm24k(jfk[:cut]))
+        while [e["type"] for e in events].count("input_audio_buffer.speech_started") < 2 or \
+                COMPLETED not in [e["type"] for e in events]:  # "And so my fellow Americans" is in: context
+            events.append(await next_event(ws))
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        await append(pcm24k(jfk[cut:]) + silence(TAIL_S))
+        while [e["type"] for e in events].count(COMPLETED) < 3:
+            events.append(await next_event(ws))
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    assert "input_audio_buffer.cleared" in [e["type"] for e in events]
+    first, third, fourth = (e["transcript"] for e in events if e["type"] == COMPLETED)
+    assert wer("And so my fellow Americans", first) < 0.2, first
+    assert wer("what your country can do for you", third) < 0.2, third  # nothing of the cleared "Ask not"
+    assert wer("ask what you can do for your country", fourth) < 0.2, fourth
+
+
+def test_an_item_after_a_commit_mid_speech_starts_where_the_commit_cut(base, jfk_path):
+    """Server VAD, `commit` mid-sentence: the speech goes on as the next item, whose audio begins at
+    the cut. Its `audio_start_ms` said 200 ms earlier (speech start minus the padding, which the
+    cut had taken), inside the committed item (QA session 30); every item now starts at or after
+    where the one before it stopped."""
+    jfk = decode_audio(jfk_path)
+    cut = int(1.5 * 16000)  # "And so my fellow | Americans"
+
+    async def run() -> list[dict]:
+        ws = await raw(base)
+        events = []
+
+        async def append(pcm: bytes) -> None:
+            for i in range(0, len(pcm), 4800):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + 4800]).decode()}))
+
+        await append(pcm24k(jfk[:cut]))
+        while "input_audio_buffer.speech_started" not in [e["type"] for e in events]:
+            events.append(await next_event(ws))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await append(pcm24k(jfk[cut:]) + silence(TAIL_S))
+        while [e["type"] for e in events].count(COMPLETED) < 5:
+            events.append(await next_event(ws))
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    started = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    stopped = [e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    assert stopped[0] == pytest.approx(1500, abs=5) and started[1] == stopped[0], (started, stopped)
+    assert all(b >= a for a, b in zip(stopped, started[1:])), (started, stopped)
+    transcripts = [e["transcript"] for e in events if e["type"] == COMPLETED]
+    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for "
+               "your country.", " ".join(transcripts)) < 0.2, transcripts
+
+
+def test_a_cut_whose_remainder_is_discarded_still_completes_every_item(base, jfk_path):
+    """Speech that stops just before `max_utterance_s` (28 s): the cut falls in the silence after it,
+    so the item the server announced at the cut (`speech_started`) holds no speech and is
+    discarded. That item got `speech_stopped` and then nothing: no `committed`, no transcription,
+    and a client waiting for its transcript waited for ever (QA session 30). Every announced item
+    now ends with `committed` and one `completed` ("" for the discarded one)."""
+    jfk = decode_audio(jfk_path)
+    # Speech from 0.35 s to 26.4 s ("...ask not"), pauses under the 2-s silence: one utterance, cut at 28 s.
+    audio = np.concatenate([jfk, jfk, jfk[: int(4.5 * 16000)], np.zeros(6 * 16000, np.float32)])
+
+    async def run() -> list[dict]:
+        ws = await raw(base)
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}}}))
+        await next_event(ws)
+        pcm = pcm24k(audio)
+        for i in range(0, len(pcm), 9600):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i:i + 9600]).decode()}))
+        events = []
+        while True:  # until every announced item has completed
+            events.append(await next_event(ws))
+            kinds = [e["type"] for e in events]
+            if "input_audio_buffer.speech_stopped" in kinds and \
+                    kinds.count("input_audio_buffer.speech_started") == kinds.count(COMPLETED):
+                break
+        await ws.close()
+        return events
+
+    events = asyncio.run(run())
+    transcripts = check_items(events)
+    assert len(transcripts) == 2 and transcripts[1] == "", transcripts
+    assert wer("And so my fellow Americans, ask not what your country can do for you, ask what you can do for "
+               "your country. " * 2 + "And so my fellow Americans, ask not", transcripts[0]) < 0.2, transcripts
+
+
 def test_errors_keep_the_session(base):
     bad = [
         ("{oops", "invalid_json", None),

@@ -225,6 +225,23 @@ def test_an_empty_or_failed_item_still_completes_in_order():
     assert out[0]["transcript"] == "" and out[1]["error"]["message"] == "boom"
 
 
+def test_an_item_a_cut_opened_that_holds_no_speech_completes_empty_in_order():
+    p = protocol()
+    append(p, 15.0)
+    append(p, 15.0)
+    p.on_event(1, SpeechStarted(0.3, 1))
+    cut = events(p.on_event(1, Committed(1, 0.1, 28.1, 28.1)))
+    following = cut[2]["item_id"]
+    # The speech had stopped just before the cut: the remainder is discarded, no final comes.
+    out = events(p.on_event(1, SpeechStopped(28.1, 2, discarded=True)))
+    assert [(e["type"], e["item_id"]) for e in out] == [("input_audio_buffer.speech_stopped", following),
+                                                         ("input_audio_buffer.committed", following)]
+    assert out[1]["previous_item_id"] == cut[1]["item_id"]
+    done = events(p.on_event(1, final(1, "one")))  # the empty one waits for the item before it
+    assert [(e["type"], e["item_id"]) for e in done][1:] == [(COMPLETED, cut[1]["item_id"]), (COMPLETED, following)]
+    assert done[2]["transcript"] == "" and done[2]["usage"]["seconds"] == pytest.approx(1.9, abs=0.01)
+
+
 def test_end_commits_the_open_item_and_finishes():
     p = protocol()
     assert p.end() == []  # no audio: nothing to finish

@@ -222,6 +222,23 @@ def test_a_fast_sender_is_held_to_the_backlog_bound(url, manifest):
     assert len(of(events, "final")) >= 4 and worst <= 10.0 + 1.0, worst
 
 
+def test_a_float_frame_with_nan_is_refused_and_the_stream_goes_on(url, jfk_path):
+    """`pcm_f32le` samples must be finite: a frame with NaN in the first sentence is dropped with
+    `bad_frame` and every sentence comes back. It was taken: the VAD still cut the speech, but the
+    final was 224 "!" tokens, decoded again and again for a minute of engine time that the
+    server's other streams waited behind (QA session 30)."""
+    audio = decode_audio(jfk_path).copy()
+    audio[16000:16010] = np.nan  # in "And so my fellow Americans"
+    events = asyncio.run(stream(url, audio.astype("<f4").tobytes(), {"encoding": "pcm_f32le", "partials": False},
+                                frame_bytes=1280, pace=None))
+    errors = of(events, "error")
+    assert [e["code"] for e in errors] == ["bad_frame"] and "finite" in errors[0]["message"], errors
+    check_lifecycle(events, len(audio) / 16000)
+    texts = [f["text"] for f in of(events, "final")]
+    assert len(texts) == 4 and not any("!!!" in t for t in texts), texts
+    assert wer(JFK, " ".join(texts)) < 0.3, texts  # 20 ms of "my fellow" went with the frame
+
+
 def test_stop_finalises_open_speech(url, jfk_path):
     """stop while speech is open: its final arrives before `closed`."""
     audio = decode_audio(jfk_path)[: int(6.0 * 16000)]

@@ -205,7 +205,9 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class Finalize:
-    """End every channel's open utterance now, then call `finalized(opened)`."""
+    """End the open utterance of `channel` (None: of every channel) now, then call `finalized(opened)`."""
+
+    channel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -231,9 +233,14 @@ class ListenProtocol:
         self._bytes = 0
         """Bytes of whole sample frames taken, for the stream's duration."""
         self._digest = hashlib.sha256()
-        self._finalizing = False
+        self._finalizing: set[int] = set()
+        """The channels a `Finalize` is flushing now."""
         self._from_finalize: set[tuple[int, int]] = set()
         """(channel, utterance) that a `Finalize` committed: their `Results` say `from_finalize`."""
+        self._undelivered: set[tuple[int, int]] = set()
+        """(channel, utterance) committed whose final has not gone out."""
+        self._owed: list[tuple[set[tuple[int, int]], dict]] = []
+        """Empty `from_finalize` answers waiting for the finals committed before their `Finalize`."""
 
     @property
     def n_channels(self) -> int:
@@ -251,6 +258,8 @@ class ListenProtocol:
         if limit is not None and len(data) > limit:
             return [Send(ListenError(f"a {len(data)}-byte message is over the {limit}-byte limit",
                                      "DATA-0001").message_event())]
+        if not data:  # Deepgram's older end of stream, which it still honours (older clients send it)
+            return [CloseStream()]
         self._digest.update(data)
         data = self._pending + data
         whole = len(data) - len(data) % self._frame_bytes
@@ -270,21 +279,33 @@ class ListenProtocol:
             return [Send(ListenError(f"unknown message type {kind!r} ({', '.join(CONTROL)})",
                                      "INVALID_MESSAGE").message_event())]
         if kind == "Finalize":
-            self._finalizing = True  # the commits the flush makes now are the Finalize's
-            return [Finalize()]
+            channel = msg.get("channel")
+            if channel is not None and (not isinstance(channel, int) or isinstance(channel, bool)
+                                        or not 0 <= channel < self.n_channels):
+                return [Send(ListenError(f"Finalize's channel must be a channel index from 0 to "
+                                         f"{self.n_channels - 1}, not {channel!r}", "INVALID_MESSAGE").message_event())]
+            # The commits the flush makes now are the Finalize's.
+            self._finalizing = set(range(self.n_channels)) if channel is None else {channel}
+            return [Finalize(channel)]
         if kind == "CloseStream":
             return [CloseStream()]
         return []
 
     # --- what the transport reports ---------------------------------------------------------------
 
-    def finalized(self, opened: bool) -> list[Output]:
-        """The `Finalize` flush is done; when no utterance was open, an empty final says so at once."""
-        self._finalizing = False
+    def finalized(self, opened: bool, channel: int | None = None) -> list[Output]:
+        """The `Finalize` flush (of `channel`, None: of all) is done; when no utterance was open, an
+        empty final says so."""
+        self._finalizing = set()
         if opened:
             return []
-        return [Send(self._results(0, "", [], None, self.duration, self.duration, is_final=True,
-                                   speech_final=False, from_finalize=True))]
+        empty = self._results(channel or 0, "", [], None, self.duration, self.duration, is_final=True,
+                              speech_final=False, from_finalize=True)
+        waiting = {k for k in self._undelivered if channel is None or k[0] == channel}
+        if waiting:  # "finalization complete" goes out after the finals of the audio before it
+            self._owed.append((waiting, empty))
+            return []
+        return [Send(empty)]
 
     def on_event(self, event: StreamEvent, channel: int | None) -> list[Output]:
         """A bridge event of the channel `channel` (None: a mixed stream) -> Deepgram messages."""
@@ -298,22 +319,29 @@ class ListenProtocol:
             return [Send(self._results(ch, event.text.strip(), [], None, event.start, event.end, is_final=False,
                                        speech_final=False, from_finalize=False))]
         if isinstance(event, Committed):
-            if self._finalizing:
+            self._undelivered.add((ch, event.utterance_id))
+            if ch in self._finalizing:
                 self._from_finalize.add((ch, event.utterance_id))
             return []
         if isinstance(event, Finalized):
-            finalized = (ch, event.utterance_id) in self._from_finalize
-            self._from_finalize.discard((ch, event.utterance_id))
+            key = (ch, event.utterance_id)
+            finalized = key in self._from_finalize
+            self._from_finalize.discard(key)
+            self._undelivered.discard(key)
+            out: list[Output] = []
             final = event.final
-            if final is None:  # silence, or a failed decode (which the transport logs)
-                return []
-            words = dg_words(final.words)
-            out: list[Output] = [Send(self._results(ch, final.text, words, final.avg_logprob, final.start, final.end,
-                                                    is_final=True, speech_final=not finalized,
-                                                    from_finalize=finalized))]
-            if self.options.utterance_end_ms is not None:
-                last = words[-1]["end"] if words else round(final.end, 3)
-                out.append(Send({"type": "UtteranceEnd", "channel": [ch, self.n_channels], "last_word_end": last}))
+            if final is not None:  # None: silence, or a failed decode (which the transport logs)
+                words = dg_words(final.words)
+                out.append(Send(self._results(ch, final.text, words, final.avg_logprob, final.start, final.end,
+                                              is_final=True, speech_final=not finalized, from_finalize=finalized)))
+                if self.options.utterance_end_ms is not None:
+                    last = words[-1]["end"] if words else round(final.end, 3)
+                    out.append(Send({"type": "UtteranceEnd", "channel": [ch, self.n_channels],
+                                     "last_word_end": last}))
+            for waiting, _ in self._owed:
+                waiting.discard(key)
+            while self._owed and not self._owed[0][0]:
+                out.append(Send(self._owed.pop(0)[1]))
             return out
         return []  # SpeechStopped: Deepgram has no message of its own for it
 

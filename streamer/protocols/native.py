@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Union
 
+import numpy as np
+
 from streamer.audio.decode import pcm_dtype
 from streamer.config import StreamingConfig
 from streamer.protocols import validation as v
@@ -164,6 +166,9 @@ class NativeProtocol:
                                              f"sample frames, not {len(data)} bytes")
         if len(data) // frame_bytes > MAX_FRAME_S * start.sample_rate:
             raise ProtocolError("bad_frame", f"a frame may hold at most {MAX_FRAME_S:g} s of audio")
+        if start.encoding == "pcm_f32le" and not np.isfinite(np.frombuffer(data, "<f4")).all():
+            # NaN would reach the model: a final of "!!!..." decoded again and again.
+            raise ProtocolError("bad_frame", "pcm_f32le samples must be finite (no NaN or infinity)")
         return [Audio(data)]
 
     # --- what the transport reports -------------------------------------------------------------

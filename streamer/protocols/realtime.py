@@ -132,6 +132,8 @@ class _Item:
     id: str
     stopped: bool = False
     """speech_stopped was sent."""
+    start: float = 0.0
+    """Its segmentation's time where a max-length cut opened it (a discarded one's usage runs from here)."""
 
 
 @dataclass
@@ -364,14 +366,24 @@ class RealtimeProtocol:
                 return []
             item = self._item(ItemKey(number, event.utterance_id))
             pad = seg.config.turn_detection.prefix_padding_ms / 1000.0
-            return [self._event("input_audio_buffer.speech_started",
-                                audio_start_ms=_ms(seg, max(0.0, event.t - pad)), item_id=item.id)]
+            start = event.start if event.start is not None else max(0.0, event.t - pad)
+            return [self._event("input_audio_buffer.speech_started", audio_start_ms=_ms(seg, start), item_id=item.id)]
         if isinstance(event, SpeechStopped):
             if seg.manual:
                 return []
             item = self._item(ItemKey(number, event.utterance_id))
             item.stopped = True
-            return [self._event("input_audio_buffer.speech_stopped", audio_end_ms=_ms(seg, event.t), item_id=item.id)]
+            out = [self._event("input_audio_buffer.speech_stopped", audio_end_ms=_ms(seg, event.t), item_id=item.id)]
+            if event.discarded:
+                # A cut's remainder with too little speech: no transcription comes, but the item was
+                # announced (speech_started at the cut), so it is committed and completes empty.
+                self._items.pop(ItemKey(number, event.utterance_id))
+                out += self._commit_item(item)
+                self._completions[item.id] = [(COMPLETED, {
+                    "item_id": item.id, "content_index": 0, "transcript": "",
+                    "usage": {"type": "duration", "seconds": round(max(0.0, seg.time - item.start), 3)}})]
+                out += self._completed_in_order()
+            return out
         if isinstance(event, Committed):
             return self._on_committed(seg, event)
         if isinstance(event, Finalized):
@@ -391,13 +403,27 @@ class RealtimeProtocol:
         if cut:
             out.append(self._event("input_audio_buffer.speech_stopped", audio_end_ms=_ms(seg, event.speech_end),
                                    item_id=item.id))
-        out.append(self._event("input_audio_buffer.committed", item_id=item.id, previous_item_id=self._previous_item))
-        self._previous_item = item.id
-        self._order.append(item.id)
+        out += self._commit_item(item)
         if cut:
             following = self._item(ItemKey(seg.number, event.utterance_id + 1))
+            following.start = event.end
             out.append(self._event("input_audio_buffer.speech_started", audio_start_ms=_ms(seg, event.end),
                                    item_id=following.id))
+        return out
+
+    def _commit_item(self, item: _Item) -> list[Output]:
+        """`committed`; its completion will go out in this order."""
+        committed = self._event("input_audio_buffer.committed", item_id=item.id, previous_item_id=self._previous_item)
+        self._previous_item = item.id
+        self._order.append(item.id)
+        return [committed]
+
+    def _completed_in_order(self) -> list[Output]:
+        """The completions whose earlier items have completed: they go out in commit order,
+        whichever segmentation finished first."""
+        out: list[Output] = []
+        while self._order and self._order[0] in self._completions:
+            out += [self._event(type_, **fields) for type_, fields in self._completions.pop(self._order.popleft())]
         return out
 
     def _on_finalized(self, seg: _Segmentation, event: Finalized) -> list[Output]:
@@ -421,11 +447,7 @@ class RealtimeProtocol:
                                          **logprobs,
                                          "usage": {"type": "duration", "seconds": round(event.duration, 3)}}))
         self._completions[item.id] = messages
-        # Completions go out in commit order, whichever segmentation finished first.
-        out: list[Output] = []
-        while self._order and self._order[0] in self._completions:
-            out += [self._event(type_, **fields) for type_, fields in self._completions.pop(self._order.popleft())]
-        return out
+        return self._completed_in_order()
 
     def _event(self, type_: str, **fields: Any) -> Send:
         return Send({"type": type_, "event_id": new_id("event_"), **fields})

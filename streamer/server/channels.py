@@ -55,9 +55,10 @@ class ChannelStreams:
         """Audio of one channel alone (multichannel streams)."""
         self.bridges[channel].feed(self._resamplers[channel].push(data))
 
-    def flush(self) -> bool:
-        """End the open utterance of every channel now; False when none was open."""
-        return any([bridge.flush() for bridge in self.bridges])
+    def flush(self, channel: int | None = None) -> bool:
+        """End the open utterance of `channel` (None: of every channel) now; False when none was open."""
+        bridges = self.bridges if channel is None or not self.multichannel else [self.bridges[channel]]
+        return any([bridge.flush() for bridge in bridges])
 
     async def finish(self, timeout: float) -> None:
         """End of audio: the resamplers' last samples, then every channel's last finals."""

@@ -99,6 +99,8 @@ class DeepgramStream(SocketStream):
         """Hand client messages to the protocol until the stream ends; returns why: stop,
         idle_timeout, no_audio or disconnect."""
         while True:
+            for bridge in self._channels.bridges:  # a fast sender is held back by TCP, as on /v1/stream
+                await bridge.wait_for_room(self.state.settings.server.max_backlog_s)
             message = await self._next_message()
             if isinstance(message, str):
                 return message
@@ -116,7 +118,7 @@ class DeepgramStream(SocketStream):
                 self.audio_seen = True
                 self._channels.push(out.data)
             elif isinstance(out, Finalize):
-                self._carry_out(self._protocol.finalized(self._channels.flush()))
+                self._carry_out(self._protocol.finalized(self._channels.flush(out.channel), out.channel))
             elif isinstance(out, CloseStream):
                 return True
         return False

@@ -24,6 +24,9 @@ class SpeechStarted:
 
     t: float
     utterance_id: int
+    start: float | None = None
+    """Where the utterance's audio begins, padding included (at most the padding before `t`, never
+    before the end of the previous utterance); not on the native wire."""
 
     def to_dict(self) -> dict:
         return {"type": "speech_started", "t": _ms(self.t), "utterance_id": self.utterance_id}
@@ -35,6 +38,9 @@ class SpeechStopped:
 
     t: float
     utterance_id: int
+    discarded: bool = False
+    """The utterance (opened by a max-length cut) held too little speech: no final follows. Not on
+    the native wire (a client pairs events by utterance_id)."""
 
     def to_dict(self) -> dict:
         return {"type": "speech_stopped", "t": _ms(self.t), "utterance_id": self.utterance_id}

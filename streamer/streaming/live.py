@@ -402,6 +402,9 @@ class LivePolicy:
             out.append(Cancel(self._partial[0]))
         self._speech_wall.pop(window.utterance_id, None)
         if self._dropping:
+            # Never decoded: the session frees its window, and no later final takes the audio
+            # before it (the dropped speech, with no text in the prefix) as acoustic context.
+            self.session.forget(window.window_id)
             return out
         final = _Final(window, self._next_job())
         self._finals.append(final)

@@ -289,7 +289,7 @@ class Session:
     def _on_boundary(self, b: VADEvent) -> list[Event]:
         if b.kind == "start":
             self._utterance = self._open(b.sample)
-            return [SpeechStarted(b.speech / SAMPLE_RATE, self._utterance.id)]
+            return [SpeechStarted(b.speech / SAMPLE_RATE, self._utterance.id, b.sample / SAMPLE_RATE)]
         utt = self._utterance
         assert utt is not None, f"VAD {b.kind} without an open utterance"
         self._utterance = None
@@ -297,10 +297,9 @@ class Session:
             final = self._submit_final(utt, b.sample, b.sample)
             self._utterance = self._open(b.sample)
             return [final]
-        stopped = SpeechStopped(b.speech / SAMPLE_RATE, utt.id)
         if b.kind == "discard":
-            return [stopped]
-        return [stopped, self._submit_final(utt, b.sample, b.speech)]
+            return [SpeechStopped(b.speech / SAMPLE_RATE, utt.id, discarded=True)]
+        return [SpeechStopped(b.speech / SAMPLE_RATE, utt.id), self._submit_final(utt, b.sample, b.speech)]
 
     def _open(self, start: int) -> _Utterance:
         utt = _Utterance(id=self._next_id, start=start, partial_mark=start)

@@ -168,12 +168,12 @@ def create_app(settings: Settings, engine: Engine | None = None,
         monitors = [asyncio.ensure_future(state.loop_lag.run())]
         if metrics_.multiprocess:
             monitors.append(asyncio.ensure_future(_publish_loop_lag(state)))
-        connecting = None
+        connecting = decoders = None
         if owned and connect is not None:
             # Engine cores can take minutes to load (a large model on a GPU): meanwhile `/health`
             # answers `loading` and the API 503 (`LoadingGate`), instead of leaving connections unanswered.
             connecting = asyncio.ensure_future(_connect(state, connect))
-            monitors.append(asyncio.ensure_future(_start_decoders(state)))
+            decoders = asyncio.ensure_future(_start_decoders(state))
         elif owned:
             log.info("loading %s", settings.model.model)
             from streamer.engine.engine import Engine  # only here: a gateway worker imports no torch
@@ -189,6 +189,9 @@ def create_app(settings: Settings, engine: Engine | None = None,
             if connecting is not None:
                 connecting.cancel()
             await state.drain()
+            if decoders is not None:  # still starting: stopped before the pool closes
+                decoders.cancel()
+                await asyncio.gather(decoders, return_exceptions=True)
             state.decoder.close()
             for monitor in monitors:
                 monitor.cancel()

@@ -112,6 +112,9 @@ class DecoderPool:
                     log.warning("upload decoder processes cannot start in this process (its __main__ cannot be "
                                 "imported again); uploads decode in the gateway's threads")
                     self.inline = True
+                except BaseException:  # cancelled (the gateway stops): an executor left running keeps it from exiting
+                    executor.shutdown(wait=False, cancel_futures=True)
+                    raise
                 else:
                     self._executor = executor
             return self._executor

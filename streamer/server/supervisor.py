@@ -235,8 +235,7 @@ class Supervisor:
                     continue
                 if proc.is_alive():
                     continue
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # its children (upload decoders) go with it: setsid
+                _kill_group(proc.pid)
                 if kind == "gateway":
                     multiprocess.mark_process_dead(proc.pid)
                     self._forget_gateway(f"gw{i}-{proc.pid}")
@@ -290,8 +289,16 @@ class Supervisor:
                         log.error("%s did not stop within %.0f s: killed", proc.name, timeout)
                         proc.kill()
                         proc.join(5.0)
+                    _kill_group(proc.pid)  # what a killed child leaves (upload decoders) goes too
         self.reservation.close()
         shutil.rmtree(self.rundir, ignore_errors=True)
+
+
+def _kill_group(pid: int) -> None:
+    """Kill what is left of the session of a child that has ended (each calls setsid): its upload
+    decoders, which a killed gateway cannot stop, would outlive it and hold its stderr open."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def serve(settings: Settings) -> int:

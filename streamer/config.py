@@ -220,6 +220,9 @@ class ServerConfig:
     ssl_keyfile: str | None = None
     resume_s: float = 30.0
     """A `/v1/stream` session whose connection drops is kept this long for the client to resume."""
+    resume_events: int = 4096
+    """Events of a `/v1/stream` session kept for a resume's replay (a minute of speech makes a few
+    hundred): its memory while parked is bounded by this."""
     worker_id: int = 0
     """This gateway process among several on one port; resume tokens name it (`docs/protocol.md`)."""
     peer_dir: str | None = None
@@ -286,6 +289,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "SSL_CERTFILE": ("server", "ssl_certfile"),
     "SSL_KEYFILE": ("server", "ssl_keyfile"),
     "RESUME_S": ("server", "resume_s"),
+    "RESUME_EVENTS": ("server", "resume_events"),
     "UPLOAD_DECODERS": ("server", "upload_decoders"),
     "STREAMER_WORKER_ID": ("server", "worker_id"),
     "WEBRTC_ICE_SERVERS": ("server", "webrtc_ice_servers"),
@@ -381,6 +385,7 @@ RANGES: dict[tuple[str, str], tuple[float | None, float | None, bool]] = {
     ("server", "upload_idle_timeout_s"): (0, None, True),
     ("server", "sse_keepalive_s"): (0, None, True),
     ("server", "resume_s"): (0, None, False),
+    ("server", "resume_events"): (1, None, False),
     ("server", "worker_id"): (0, None, False),
 }
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {

@@ -687,3 +687,41 @@ def test_resume_refusals(ws_base, prompts):
             return [e async for e in s]
 
     assert asyncio.run(run())[-1] == {"type": "closed", "reason": "stop"}
+
+
+def test_a_resume_from_events_no_longer_kept_fails_and_the_session_still_expires(engine, jfk):
+    """With `RESUME_EVENTS` 2, a resume from a kept event works, and one from event 0 is
+    `resume_failed`; the session is then parked again (claimed and left, it was held for ever), so
+    once nobody comes back it expires after `RESUME_S`."""
+    settings = load_settings({}, server={"resume_s": 1.5, "resume_events": 2})
+    app = create_app(settings, engine)
+    store = app.state.streamer.resume
+
+    async def run(url: str) -> tuple[dict, dict]:
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "partials": False}))
+            ready = json.loads(await ws.recv())
+            data = s16(jfk) + s16(np.zeros(RATE, np.float32))
+            for i in range(0, len(data), RATE):  # half-second frames
+                await ws.send(data[i:i + RATE])
+            events = []
+            while not any(e["type"] == "final" for e in events):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+        last = events[-1]["event_id"]  # closed without `stop`: parked for a resume
+        resume = {"token": ready["resume_token"], "bytes_sent": len(s16(jfk)) + 2 * RATE}
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "resume": {**resume, "last_event_id": last}}))
+            resumed = json.loads(await ws.recv())
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "resume": {**resume, "last_event_id": 0}}))
+            failed = json.loads(await ws.recv())
+        return failed, resumed
+
+    with running(app) as url:
+        failed, resumed = asyncio.run(run(url.replace("http://", "ws://")))
+        assert failed["code"] == "resume_failed" and "no longer kept" in failed["message"], failed
+        assert resumed["type"] == "ready", resumed
+        give_up = time.monotonic() + 10
+        while store._entries:  # parked again after the failed resume: gone after resume_s
+            assert time.monotonic() < give_up, "the session never expired"
+            time.sleep(0.1)

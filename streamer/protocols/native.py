@@ -32,8 +32,6 @@ from streamer.streaming.live import Committed, Finalized, StreamEvent
 
 MAX_FRAME_S = 5.0
 """Longest audio in one binary frame."""
-RESUME_LOG_EVENTS = 4096
-"""Session events kept for replay after a resume (a minute of speech makes a few hundred)."""
 TRACK_RATE = 48000
 """WebRTC's audio rate (Opus), which its `ready` reports."""
 RESUME_FIELDS = {"token", "bytes_sent", "last_event_id"}
@@ -273,7 +271,7 @@ class SessionLog:
     (`event_id` 1, 2, ... over the whole session) and the last `keep` of them kept, and the audio
     bytes taken so far."""
 
-    def __init__(self, keep: int = RESUME_LOG_EVENTS):
+    def __init__(self, keep: int):
         self.events: deque[dict] = deque(maxlen=keep)
         self.next_id = 1
         self.bytes_received = 0

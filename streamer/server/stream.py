@@ -50,7 +50,7 @@ class _Live:
         self.language = language
         self.owner: NativeStream | None = None
         """The connection that serves the session now; None while it waits for a resume."""
-        self.log = SessionLog()
+        self.log = SessionLog(state.settings.server.resume_events)
         self.token: str | None = None
         self.failed = False
 
@@ -264,6 +264,8 @@ class NativeStream(SocketStream):
         try:
             replay = live.log.replay(last)
         except ProtocolError as e:
+            if live.owner is None:  # parked again: it expires as any other (claimed and left, it never did)
+                self.state.resume.park(live.token, live.expire)
             return [Send(e.event())]
         if live.owner is not None:
             live.owner.take_over()

@@ -223,6 +223,13 @@ async def next_event(ws, skip=()) -> dict:
             return event
 
 
+async def append_raw(ws, pcm: bytes, chunk: int = 4800) -> None:
+    """`pcm` as `input_audio_buffer.append` events of `chunk` bytes, unpaced."""
+    for i in range(0, len(pcm), chunk):
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(pcm[i:i + chunk]).decode()}))
+
+
 def test_manual_commits_and_clear(base, prompts):
     """turn_detection null: the client cuts items with commit; clear drops what was appended."""
     first, second, third = (decode_audio(r["audio"]) for r in prompts[1])
@@ -238,10 +245,7 @@ def test_manual_commits_and_clear(base, prompts):
         assert empty["error"]["code"] == "input_audio_buffer_commit_empty" and empty["error"]["event_id"] == "c0"
         items, transcripts = [], []
         for clip, keep in ((first, True), (second, False), (third, True)):
-            pcm = pcm24k(clip)
-            for i in range(0, len(pcm), 48000):
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(pcm[i:i + 48000]).decode()}))
+            await append_raw(ws, pcm24k(clip), 48000)
             await ws.send(json.dumps({"type": "input_audio_buffer.commit" if keep else "input_audio_buffer.clear"}))
             if not keep:
                 assert (await next_event(ws))["type"] == "input_audio_buffer.cleared"
@@ -275,17 +279,12 @@ def test_a_cleared_item_stays_out_of_the_next_items(base, jfk_path):
         ws = await raw(base)
         events = []
 
-        async def append(pcm: bytes) -> None:
-            for i in range(0, len(pcm), 4800):
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(pcm[i:i + 4800]).decode()}))
-
-        await append(pcm24k(jfk[:cut]))
+        await append_raw(ws, pcm24k(jfk[:cut]))
         while [e["type"] for e in events].count("input_audio_buffer.speech_started") < 2 or \
                 COMPLETED not in [e["type"] for e in events]:  # "And so my fellow Americans" is in: context
             events.append(await next_event(ws))
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
-        await append(pcm24k(jfk[cut:]) + silence(TAIL_S))
+        await append_raw(ws, pcm24k(jfk[cut:]) + silence(TAIL_S))
         while [e["type"] for e in events].count(COMPLETED) < 3:
             events.append(await next_event(ws))
         await ws.close()
@@ -311,16 +310,11 @@ def test_an_item_after_a_commit_mid_speech_starts_where_the_commit_cut(base, jfk
         ws = await raw(base)
         events = []
 
-        async def append(pcm: bytes) -> None:
-            for i in range(0, len(pcm), 4800):
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(pcm[i:i + 4800]).decode()}))
-
-        await append(pcm24k(jfk[:cut]))
+        await append_raw(ws, pcm24k(jfk[:cut]))
         while "input_audio_buffer.speech_started" not in [e["type"] for e in events]:
             events.append(await next_event(ws))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        await append(pcm24k(jfk[cut:]) + silence(TAIL_S))
+        await append_raw(ws, pcm24k(jfk[cut:]) + silence(TAIL_S))
         while [e["type"] for e in events].count(COMPLETED) < 5:
             events.append(await next_event(ws))
         await ws.close()
@@ -351,10 +345,7 @@ def test_a_cut_whose_remainder_is_discarded_still_completes_every_item(base, jfk
         await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}}}))
         await next_event(ws)
-        pcm = pcm24k(audio)
-        for i in range(0, len(pcm), 9600):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(pcm[i:i + 9600]).decode()}))
+        await append_raw(ws, pcm24k(audio), 9600)
         events = []
         while True:  # until every announced item has completed
             events.append(await next_event(ws))
@@ -453,18 +444,13 @@ def test_update_mid_stream_keeps_stream_time(base, prompts):
     first, second = (decode_audio(r["audio"]) for r in prompts[2][:2])
     at16k = (first.clip(-1, 1) * 32767).astype("<i2").tobytes()
 
-    async def append(ws, pcm: bytes):
-        for i in range(0, len(pcm), 32000):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(pcm[i:i + 32000]).decode()}))
-
     async def run():
         ws = await raw(base)
-        await append(ws, pcm24k(first)[: int(2.0 * RATE) * 2])  # two seconds in: speech is open
+        await append_raw(ws, pcm24k(first)[: int(2.0 * RATE) * 2], 32000)  # two seconds in: speech is open
         await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
             "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": {"silence_duration_ms": 700}}}}}))
         gap = b"\0\0" * 16000
-        await append(ws, at16k[2 * 32000:] + gap + (second.clip(-1, 1) * 32767).astype("<i2").tobytes() + 2 * gap)
+        await append_raw(ws, at16k[2 * 32000:] + gap + (second.clip(-1, 1) * 32767).astype("<i2").tobytes() + 2 * gap, 32000)
         events = []
         while sum(e["type"] == COMPLETED for e in events) < 2 or \
                 sum(e["type"] == COMPLETED for e in events) < sum(e["type"] == "input_audio_buffer.committed" for e in events):

@@ -55,6 +55,11 @@ class ChannelStreams:
         """Audio of one channel alone (multichannel streams)."""
         self.bridges[channel].feed(self._resamplers[channel].push(data))
 
+    async def wait_for_room(self, max_backlog_s: float) -> None:
+        """Until every channel's backlog is under `max_backlog_s` (read no faster than served)."""
+        for bridge in self.bridges:
+            await bridge.wait_for_room(max_backlog_s)
+
     def flush(self, channel: int | None = None) -> bool:
         """End the open utterance of `channel` (None: of every channel) now; False when none was open."""
         bridges = self.bridges if channel is None or not self.multichannel else [self.bridges[channel]]

@@ -58,10 +58,6 @@ class DecoderPool:
             # Busy children make the executor fork the next one; idle ones would take every call.
             await asyncio.gather(*(loop.run_in_executor(executor, time.sleep, WARM_S) for _ in range(self.processes)))
 
-    def started(self) -> int:
-        """Child processes running now."""
-        return len(self._executor._processes or {}) if self._executor is not None else 0
-
     async def decode(self, data: bytes, *, name: str, **kwargs) -> np.ndarray:
         """`decode_audio(data, name=name, **kwargs)` in a child: its result, or its AudioDecodeError."""
         return await self.run(functools.partial(decode_audio, data, name=name, **kwargs), name=name)

@@ -99,8 +99,8 @@ class DeepgramStream(SocketStream):
         """Hand client messages to the protocol until the stream ends; returns why: stop,
         idle_timeout, no_audio or disconnect."""
         while True:
-            for bridge in self._channels.bridges:  # a fast sender is held back by TCP, as on /v1/stream
-                await bridge.wait_for_room(self.state.settings.server.max_backlog_s)
+            # A fast sender is held back by TCP, as on /v1/stream.
+            await self._channels.wait_for_room(self.state.settings.server.max_backlog_s)
             message = await self._next_message()
             if isinstance(message, str):
                 return message

@@ -182,8 +182,7 @@ class NativeStream(SocketStream):
         idle_timeout, no_audio, disconnect, relay or error (a fatal error has then been queued)."""
         while True:
             if self._live is not None:
-                for bridge in self._live.channels.bridges:
-                    await bridge.wait_for_room(self.state.settings.server.max_backlog_s)
+                await self._live.channels.wait_for_room(self.state.settings.server.max_backlog_s)
             message = await self._next_message()
             if self._taken_over:
                 # Python 3.11's wait_for may return a message that arrived as it was cancelled:

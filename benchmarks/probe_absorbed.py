@@ -6,7 +6,7 @@ over the window's K and V cache, [B, H, 1500, Dh] each) against the absorbed for
     python benchmarks/probe_absorbed.py [--width 1280] [--rows 32,128,256] [--device cuda] [--sweep]
 
 Where the tensor-core kernel applies (cross_absorbed_mma.py) its columns (mma_*) follow, with its time
-at 1, 2, 4 and 8 spans a row in the sweep list.
+at 1, 2, 4 and 8 spans a row in the sweep list, and with each of `--tiles` (positions a tile x stages).
 
 Times are of CUDA-graph replays (as the engine's captured step; `--eager`: launches from Python).
 Prints per row count: ms of cuDNN (and flash) over K/V, of the absorbed kernel alone and of the whole
@@ -102,6 +102,8 @@ def main() -> None:
     p.add_argument("--prefill-tokens", type=int, default=4,
                    help="also time a prefill of this many tokens a row: cuDNN, the GEMMs, the mma kernel (0: not)")
     p.add_argument("--eager", action="store_true", help="time eager launches, not a replayed CUDA graph")
+    p.add_argument("--tiles", default="",
+                   help="also time the mma kernel with these tiles (positions x stages, e.g. 32x2,16x4,16x5)")
     args = p.parse_args()
     dev = torch.device(args.device)
     dtype = torch.float16
@@ -179,6 +181,20 @@ def main() -> None:
                 t = ms(lambda: cross_absorbed_mma.absorbed_attention_mma(qa, x, splits=splits))
                 sweep_out.append({"rows": B, "kernel": "mma", "splits": splits, "kernel_ms": round(t, 4)})
                 print(f"mma rows {B} splits {splits}: {t:.4f} ms", flush=True)
+            default = cross_absorbed_mma.absorbed_attention_mma(qa, x).float()
+            for text in filter(None, args.tiles.split(",")):
+                tile = cross_absorbed_mma.parse_tile(text)
+                entry = {"rows": B, "kernel": "mma", "tile": text}
+                try:
+                    t = ms(lambda: cross_absorbed_mma.absorbed_attention_mma(qa, x, tile=tile))
+                except (ValueError, RuntimeError) as e:  # more shared memory than the device gives
+                    sweep_out.append({**entry, "error": str(e)})
+                    print(f"mma rows {B} tile {text}: {e}", flush=True)
+                    continue
+                diff = (cross_absorbed_mma.absorbed_attention_mma(qa, x, tile=tile).float() - default).abs().max().item()
+                sweep_out.append({**entry, "kernel_ms": round(t, 4), "GBps": round(x_bytes / t / 1e6),
+                                  "max_diff_vs_default": float(f"{diff:.3g}")})
+                print(f"mma rows {B} tile {text}: {t:.4f} ms, {x_bytes / t / 1e6:.0f} GB/s, diff {diff:.3g}", flush=True)
         rows_out.append(row)
         print(table([row], list(row)), flush=True)
         if dev.type == "cuda" and args.prefill_tokens:  # a prompt's prefill: tokens x heads query rows a window

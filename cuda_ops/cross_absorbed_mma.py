@@ -5,9 +5,10 @@ build step, no nvcc) and launched on the current stream, so CUDA graphs capture 
 Why a hand-written kernel: the Triton kernel (cross_absorbed.py) made the query rows the products' M
 (16 or 32) and held a [rows, D] accumulator beside a [positions, D] block of X in registers; at D =
 1280 it reached ~1.6 TB/s and ~64 TFLOP/s on an H100 (session 22), below cuDNN over twice the bytes.
-This one makes positions and the width the M of mma.sync (the queries N, padded to 8), stages each
-32 x D tile of X in shared memory one tile ahead (cp.async) and feeds both products from there, so X
-is read from memory once and the tensor cores wait on nothing else (the design: the .cu file's header).
+This one makes positions and the width the M of mma.sync (the queries N, padded to 8), stages tiles
+of X (32 or 16 positions x D) in shared memory several tiles ahead (cp.async) and feeds both products
+from there, so X is read from memory once and the tensor cores wait on nothing else (the design: the
+.cu file's header).
 
 Where it does not apply (not CUDA, not fp16, widths that are not a multiple of 128 up to 1280, more
 shared memory than the device gives a block, NVRTC missing) `usable` is False and cross_absorbed.py
@@ -24,14 +25,18 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).parent / "csrc" / "cross_absorbed_mma.cu"
-BT, WARPS, NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 32, 8, 24, 40, 26, 64  # as the .cu file defines them
+WARPS, NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 8, 24, 40, 26, 64  # as the .cu file defines them
+SPLIT_BT = 32  # positions per tile that choose_splits counts in (a span is at least two such tiles)
 ENABLED = os.environ.get("STREAMER_ABSORBED_KERNEL", "mma") == "mma"
 """STREAMER_ABSORBED_KERNEL=triton runs the Triton kernel instead (A/B runs)."""
+TILE_OVERRIDE = os.environ.get("STREAMER_ABSORBED_TILE", "")
+"""STREAMER_ABSORBED_TILE=16x5 (positions a tile x stages) replaces `choose_tile`'s choice where it fits
+(sweeps on a GPU: benchmarks/probe_absorbed.py --tiles)."""
 
 
-def shared_bytes(d: int, stages: int) -> int:
+def shared_bytes(d: int, stages: int, bt: int = 32) -> int:
     """Dynamic shared memory of a block: the X stages, the partial scores, P, alpha and l."""
-    return stages * BT * d * 2 + WARPS * BT * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
+    return stages * bt * d * 2 + WARPS * bt * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
 
 
 @functools.cache
@@ -41,12 +46,32 @@ def _device_facts(index: int) -> tuple[int, int, tuple[int, int]]:
     return getattr(props, "shared_memory_per_block_optin", 48 * 1024), props.multi_processor_count, (props.major, props.minor)
 
 
-def choose_stages(d: int, limit: int) -> int:
-    """Three tiles in flight where they fit the block's shared memory, else two (0: not even two)."""
-    for stages in (3, 2):
-        if shared_bytes(d, stages) <= limit:
-            return stages
-    return 0
+def parse_tile(text: str) -> tuple[int, int]:
+    """'16x5' -> (16, 5): positions a tile (16 or 32) x stages (2 to 8)."""
+    try:
+        bt, stages = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"a tile is BTxSTAGES such as 16x5, got {text!r}") from None
+    if bt not in (16, 32) or not 2 <= stages <= 8:
+        raise ValueError(f"a tile is 16 or 32 positions x 2 to 8 stages, got {text!r}")
+    return bt, stages
+
+
+def choose_tile(d: int, limit: int) -> tuple[int, int]:
+    """(positions a tile, stages) of a block at width `d` with `limit` bytes of shared memory: three
+    32-position stages (two tiles in flight) where they fit; else 16-position ones, as many as fit up to
+    five. At D 1280 (H200, 227 KB) three 32-row stages do not fit, and two left one tile's memory latency
+    unhidden every tile (session 30: the kernel at ~2.5 TB/s, 58 % of the copy rate). (0, 0): none fit."""
+    if TILE_OVERRIDE:
+        bt, stages = parse_tile(TILE_OVERRIDE)
+        if shared_bytes(d, stages, bt) <= limit:
+            return bt, stages
+    if shared_bytes(d, 3, 32) <= limit:
+        return 32, 3
+    for stages in (5, 4, 3, 2):
+        if shared_bytes(d, stages, 16) <= limit:
+            return 16, stages
+    return 0, 0
 
 
 def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
@@ -56,10 +81,10 @@ def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     limit, _, capability = _device_facts(index)
-    stages = choose_stages(d, limit)
+    bt, stages = choose_tile(d, limit)
     if d % 128 or d > 1280 or capability < (8, 0) or not stages:
         return False
-    return _kernel(index, d, 3, stages) is not None and _merge_kernel(index) is not None
+    return _kernel(index, d, 3, bt, stages) is not None and _merge_kernel(index) is not None
 
 
 def usable(qa: Tensor, x: Tensor) -> bool:
@@ -89,9 +114,9 @@ def _load(index: int, name: str, shared: int = 0):
         return None
 
 
-def _kernel(index: int, d: int, nt: int, stages: int):
-    """The instance <d, nt, stages> on CUDA device `index` (see `_load`)."""
-    return _load(index, f"absorbed_mma<{d}, {nt}, {stages}>", shared_bytes(d, stages))
+def _kernel(index: int, d: int, nt: int, bt: int, stages: int):
+    """The instance <d, bt, nt, stages> on CUDA device `index` (see `_load`)."""
+    return _load(index, f"absorbed_mma<{d}, {bt}, {nt}, {stages}>", shared_bytes(d, stages, bt))
 
 
 def _merge_kernel(index: int):
@@ -104,14 +129,15 @@ def choose_splits(rows: int, groups: int, T: int, sms: int) -> int:
     SM), each span at least 2 tiles long (the pipeline's depth). H100, 8 rows x 20 heads at D 1280
     (results/s23_h100/b): a block's time is nearly proportional to its tiles, 0.20 ms at 1 span a row,
     0.035 ms at 8; the merge kernel costs a few microseconds."""
-    return max(1, min(sms // max(1, rows * groups), T // (2 * BT)))
+    return max(1, min(sms // max(1, rows * groups), T // (2 * SPLIT_BT)))
 
 
 def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None, splits: int = 0,
-                           out_dtype: torch.dtype | None = None) -> Tensor:
+                           out_dtype: torch.dtype | None = None, tile: tuple[int, int] | None = None) -> Tensor:
     """z [B, Hq, D] = softmax(qa X_w^T) X_w for fp16 queries qa [B, Hq, D] and encoder states
     x [W, T, D] on CUDA (`usable`); row b reads window windows[b] (int32 [B]; None: window b).
-    splits: spans of positions per row (0: as many as fill the GPU)."""
+    splits: spans of positions per row (0: as many as fill the GPU); tile: (positions a tile, stages)
+    (None: `choose_tile`'s)."""
     B, Hq, D = qa.shape
     W, T, Dx = x.shape
     if Dx != D:
@@ -130,11 +156,15 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
     nt = -(-hg // 8)
     index = qa.device.index if qa.device.index is not None else torch.cuda.current_device()
     limit, sms, _ = _device_facts(index)
-    stages = choose_stages(D, limit)
-    kernel = _kernel(index, D, nt, stages)
+    bt, stages = tile or choose_tile(D, limit)
+    if shared_bytes(D, stages, bt) > limit:
+        raise ValueError(f"tile {bt}x{stages} needs {shared_bytes(D, stages, bt)} bytes of shared memory, the device gives {limit}")
+    kernel = _kernel(index, D, nt, bt, stages)
+    if kernel is None:
+        raise RuntimeError(f"absorbed_mma<{D}, {bt}, {nt}, {stages}> did not compile (see the warning)")
     splits = splits or choose_splits(B, groups, T, sms)
     span = -(-T // splits)
-    span = -(-span // BT) * BT
+    span = -(-span // bt) * bt
     splits = -(-T // span)
     if splits > MERGE_MAX:
         raise ValueError(f"at most {MERGE_MAX} spans a row, got {splits}")
@@ -150,7 +180,7 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
         l = torch.empty_like(m)
         s_ob, s_os, s_oh = out.stride(0), out.stride(1), out.stride(2)
     win = windows if windows is not None else m  # any pointer: unread without windows
-    kernel(grid=(B * groups, splits, 1), block=(WARPS * 32, 1, 1), shared_mem=shared_bytes(D, stages),
+    kernel(grid=(B * groups, splits, 1), block=(WARPS * 32, 1, 1), shared_mem=shared_bytes(D, stages, bt),
            args=[qa, x, win, out, m, l, T, span, Hq, hg, groups, qa.stride(0), qa.stride(1), x.stride(0), x.stride(1),
                  s_ob, s_os, s_oh, splits * Hq, int(windows is not None), int(one)])
     if one:

@@ -4,10 +4,13 @@
 // One block of 8 warps takes one row's group of up to NT * 8 query rows (a decode step's 20 heads: NT
 // = 3) over a span of positions. Positions are the products' M, so the skinny side (the queries) is N,
 // padded to 8, not 16 or 64:
-//   scores^T [32 positions, N] = X_tile [32, D] . qa^T [D, N]   (warps split D; partial sums meet in smem)
-//   z^T [D, N] += X_tile^T [D, 32] . P [32, N]                   (warps split D; each holds its D/8 rows)
-// so each 32 x D tile of X, staged in shared memory by cp.async one tile ahead, feeds both products from
-// shared memory (ldmatrix, ldmatrix.trans) and X is read from global memory once. The queries' fragments
+//   scores^T [BT positions, N] = X_tile [BT, D] . qa^T [D, N]   (warps split D; partial sums meet in smem)
+//   z^T [D, N] += X_tile^T [D, BT] . P [BT, N]                   (warps split D; each holds its D/8 rows)
+// so each BT x D tile of X, staged in shared memory by cp.async STAGES - 1 tiles ahead, feeds both products
+// from shared memory (ldmatrix, ldmatrix.trans) and X is read from global memory once. BT is 32 or 16: a
+// block (one an SM) keeps STAGES - 1 tiles in flight while it works on one, and at D 1280 only two 32-row
+// tiles fit (80 KB each), so one tile's latency went unhidden every tile (~2.5 TB/s on the H200); five
+// 16-row stages keep four in flight. The queries' fragments
 // stay in registers for the whole span. Shared memory rows are swizzled by 16-byte chunk (chunk ^ row % 8)
 // so that ldmatrix's eight rows hit eight different bank groups.
 //
@@ -16,11 +19,10 @@
 typedef unsigned short f16;
 typedef unsigned int u32;
 
-#define BT 32          // positions a tile
 #define WARPS 8
 #define THREADS 256
 #define NMAX 24        // query rows a block at most (3 n8 tiles)
-#define PSTRIDE 40     // halves a row of P in shared memory (32 + 8: conflict-free 32-bit reads)
+#define PSTRIDE 40     // halves a row of P in shared memory (32 + 8: conflict-free 32-bit reads; BT <= 32)
 #define RSTRIDE 26     // floats a position of the partial scores (24 + 2)
 #define LOG2E 1.4426950408889634f
 
@@ -74,7 +76,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Issue the cp.async loads of positions [t0, t0 + BT) (rows past t_hi zero-filled) into a stage.
-template <int D>
+template <int D, int BT>
 __device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s_xt, int t0, int t_hi) {
     constexpr int CH = D / 8;  // 16-byte chunks a row
 #pragma unroll
@@ -91,7 +93,7 @@ __device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s
 // Grid (B * groups, splits); group g of a row takes query rows g * HG ... (g + 1) * HG - 1 (HG <= NT * 8).
 // normalize: out fp16 [B, HQ, D] (s_ob, s_oh); else out fp32 [B, splits, HQ, D] (s_ob, s_os, s_oh) with
 // m (natural units) and l at [b * s_mb + split * HQ + head] for the merge of the spans.
-template <int D, int NT, int STAGES>
+template <int D, int BT, int NT, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1)
 absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* __restrict__ windows,
              void* __restrict__ out, float* __restrict__ m_out, float* __restrict__ l_out,
@@ -99,6 +101,8 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
              int s_ob, int s_os, int s_oh, int s_mb, int has_windows, int normalize) {
     constexpr int DW = D / WARPS;  // a warp's slice of the width
     constexpr int KS = DW / 16;    // its k16 steps (scores) and m16 tiles (z)
+    constexpr int MT = BT / 16;    // m16 tiles of positions (scores), k16 steps (z)
+    static_assert(BT == 16 || BT == 32, "a tile is 16 or 32 positions");
     extern __shared__ __align__(128) unsigned char smem[];
     f16* xs = (f16*)smem;                                                      // [STAGES][BT][D]
     float* red = (float*)(smem + STAGES * BT * D * 2);                         // [WARPS][BT][RSTRIDE]
@@ -147,22 +151,22 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) load_tile<D>(xs + s * BT * D, xw, s_xt, t_lo + s * BT, t_hi);
+        if (s < ntiles) load_tile<D, BT>(xs + s * BT * D, xw, s_xt, t_lo + s * BT, t_hi);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int i = 0; i < ntiles; ++i) {
         const int ahead = i + STAGES - 1;
-        if (ahead < ntiles) load_tile<D>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
+        if (ahead < ntiles) load_tile<D, BT>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
         __syncthreads();
         const f16* tile = xs + (i % STAGES) * BT * D;
         const int t0 = t_lo + i * BT;
 
-        // Partial scores over this warp's slice of the width: [32 positions, NT * 8 rows].
-        float sc[2][NT][4];
+        // Partial scores over this warp's slice of the width: [BT positions, NT * 8 rows].
+        float sc[MT][NT][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -171,7 +175,7 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
         for (int k = 0; k < KS; ++k) {
             const int chunk = (warp * DW + k * 16) / 8 + (lane >> 4);
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
                 const int row = mt * 16 + (lane & 15);
                 u32 a[4];
                 ldm_x4(smem_u32(tile + row * D + ((chunk ^ (row & 7)) << 3)), a);
@@ -181,7 +185,7 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
         }
         float* my_red = red + warp * BT * RSTRIDE;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 const int p = mt * 16 + g8, h = n * 8 + 2 * t4;
@@ -192,22 +196,23 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
             }
         __syncthreads();
 
-        // Online softmax: warp w owns query rows 3w .. 3w + 2, a lane one position.
-        const bool valid = t0 + lane < t_hi;
+        // Online softmax: warp w owns query rows 3w .. 3w + 2, a lane one position (lanes past BT none).
+        const bool valid = lane < BT && t0 + lane < t_hi;
 #pragma unroll
         for (int j = 0; j < 3; ++j) {
             const int h = warp * 3 + j;
             if (h < NT * 8) {
                 float s = 0.f;
 #pragma unroll
-                for (int v = 0; v < WARPS; ++v) s += red[(v * BT + lane) * RSTRIDE + h];
+                if (lane < BT)
+                    for (int v = 0; v < WARPS; ++v) s += red[(v * BT + lane) * RSTRIDE + h];
                 s = valid ? s * LOG2E : -__int_as_float(0x7f800000);
                 const float m_new = fmaxf(m_run[j], warp_max(s));
                 const float alpha = ex2(m_run[j] - m_new);
                 const float p = ex2(s - m_new);
                 l_run[j] = l_run[j] * alpha + warp_sum(p);
                 m_run[j] = m_new;
-                ps[h * PSTRIDE + lane] = to_f16(p);
+                if (lane < BT) ps[h * PSTRIDE + lane] = to_f16(p);
                 if (lane == 0) alpha_s[h] = alpha;
             }
         }
@@ -230,7 +235,7 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
                 acc[ms][n][3] *= al[n][1];
             }
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
+        for (int kk = 0; kk < MT; ++kk) {
             u32 pb[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
@@ -332,10 +337,12 @@ __global__ void absorbed_merge(const float* __restrict__ part, const float* __re
 }
 
 #ifdef ABSORBED_MMA_INSTANTIATE  // nvcc checks (registers, spills): nvcc -DABSORBED_MMA_INSTANTIATE -cubin
-template __global__ void absorbed_mma<1280, 3, 2>(const f16*, const f16*, const int*, void*, float*, float*, int, int,
-                                                  int, int, int, int, int, int, int, int, int, int, int, int, int);
-template __global__ void absorbed_mma<384, 3, 3>(const f16*, const f16*, const int*, void*, float*, float*, int, int,
-                                                 int, int, int, int, int, int, int, int, int, int, int, int, int);
-template __global__ void absorbed_mma<1024, 2, 3>(const f16*, const f16*, const int*, void*, float*, float*, int, int,
-                                                  int, int, int, int, int, int, int, int, int, int, int, int, int);
+#define INSTANCE(D, BT, NT, S)                                                                                      \
+    template __global__ void absorbed_mma<D, BT, NT, S>(const f16*, const f16*, const int*, void*, float*, float*, \
+                                                        int, int, int, int, int, int, int, int, int, int, int, int, \
+                                                        int, int, int);
+INSTANCE(1280, 32, 3, 2)
+INSTANCE(1280, 16, 3, 5)
+INSTANCE(384, 32, 3, 3)
+INSTANCE(1024, 16, 2, 4)
 #endif

@@ -143,6 +143,44 @@ def test_mma_kernel_matches_reference(shape):
     assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
 
 
+# Every tile the kernel can take (positions x stages), on shapes with partial last tiles, windows and spans.
+MMA_TILES = [(32, 2), (32, 3), (16, 2), (16, 3), (16, 5)]
+MMA_TILE_SHAPES = [(3, 6, 33, 384, True, 0), (4, 20, 1500, 1280, True, 1), (33, 20, 1500, 1280, False, 0),
+                   (2, 16, 77, 1024, False, 3)]
+
+
+@pytest.mark.skipif(not CUDA, reason="the tensor-core kernel runs on CUDA only")
+@pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("shape", MMA_TILE_SHAPES, ids=str)
+def test_mma_kernel_tiles_match_reference(shape, tile):
+    from cuda_ops import cross_absorbed_mma
+
+    *case, splits = shape
+    qa, x, win = make_case(*case)
+    limit = cross_absorbed_mma._device_facts(qa.device.index or 0)[0]
+    if cross_absorbed_mma.shared_bytes(x.shape[-1], tile[1], tile[0]) > limit:
+        with pytest.raises(ValueError, match="shared memory"):
+            cross_absorbed_mma.absorbed_attention_mma(qa, x, win, splits=splits, tile=tile)
+        return
+    ref = absorbed_attention_reference(qa, x, win)
+    got = cross_absorbed_mma.absorbed_attention_mma(qa, x, win, splits=splits, out_dtype=torch.float32, tile=tile)
+    err = (got - ref).abs().max().item()
+    assert err <= fp16_bound(qa, x, win, ref), f"max error {err:.3g}"
+
+
+def test_tile_choice_and_parsing():
+    from cuda_ops import cross_absorbed_mma as m
+
+    h200 = 227 * 1024
+    assert m.choose_tile(384, h200) == (32, 3) and m.choose_tile(1024, h200) == (32, 3)
+    assert m.choose_tile(1280, h200) == (16, 5)  # three 32-row stages of D 1280 do not fit
+    assert m.choose_tile(1280, 48 * 1024) == (0, 0)
+    assert m.parse_tile("16x4") == (16, 4)
+    for bad in ("16", "8x4", "32x1", "axb"):
+        with pytest.raises(ValueError, match="tile"):
+            m.parse_tile(bad)
+
+
 @pytest.mark.skipif(not CUDA, reason="the tensor-core kernel runs on CUDA only")
 def test_mma_kernel_is_what_absorbed_attention_runs_and_refuses_bad_inputs():
     from cuda_ops import cross_absorbed_mma

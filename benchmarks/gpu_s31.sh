@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Session 31 (issue 15, "full_fp16 >= 2x transformers at 128 windows"): the absorbed kernel's tiles. At D 1280
+# two 32-position stages left one tile's latency unhidden each tile (~2.5 TB/s); 16-position tiles fit five
+# stages. One call:
+#   run(command="bash benchmarks/gpu_s31.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200", needs_h200=True)
+# 1. CUDA tests of the kernel, every tile against the fp32 reference (tests/kernels/test_cross_absorbed.py);
+# 2. probe_absorbed.py --rows 128,256 --tiles TILES: the kernel alone per tile; the fastest (summed over the
+#    rows) becomes STREAMER_ABSORBED_TILE for
+# 3. bench_engine, large-v3 shape, full_fp16 (the hybrid cross cache), BATCHES and transformers at HF_BATCHES,
+#    against every recorded bench_engine*_h200.json (--baseline);
+# 4. the same with session 30's tile (32x2) at 128 and 256, if time is left: the A/B in one run.
+# Env: TILES (32x2,16x2,16x3,16x4,16x5), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
+set -uo pipefail
+START=$SECONDS
+BUDGET=${BUDGET_S:-570}
+source benchmarks/gpu_budget.sh
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
+gpu_facts
+if [ -z "${SKIP_TESTS:-}" ]; then
+  t=$SECONDS
+  timeout $(cap 150 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \
+    -k "mma or tile" 2>&1 | tail -6 | tee "$OUT/cuda_tests.log"
+  echo "tests $((SECONDS - t)) s"
+  grep -q " failed\|error" "$OUT/cuda_tests.log" && { echo "kernel tests failed: no benchmark"; exit 1; }
+fi
+t=$SECONDS
+(cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 128,256 \
+  --tiles "${TILES:-32x2,16x2,16x3,16x4,16x5}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
+grep -E "tile|mma rows" "$OUT/probe_absorbed.log" | tail -14
+echo "probe $((SECONDS - t)) s"
+best=$(python3 - "$OUT/probe_absorbed.json" <<'PY'
+import collections, json, sys
+try:
+    sweep = json.load(open(sys.argv[1]))["sweep"]
+except (OSError, ValueError, KeyError):
+    sys.exit()
+total, seen = collections.Counter(), collections.Counter()
+for e in sweep:
+    if "tile" in e and "kernel_ms" in e:
+        total[e["tile"]] += e["kernel_ms"]
+        seen[e["tile"]] += 1
+full = [t for t in total if seen[t] == max(seen.values())]
+print(min(full, key=total.get) if full else "")
+PY
+)
+echo "fastest tile: ${best:-none (the default)}"
+baselines=""
+for f in benchmarks/results/bench_engine*_h200.json benchmarks/results/s30_h200/bench_engine*.json; do
+  baselines="$baselines --baseline ../$f"; done
+engine() {  # engine TILE BATCHES HF_BATCHES OUTNAME
+  (cd benchmarks && STREAMER_ABSORBED_TILE=$1 BENCH_RESULTS_DIR="$OUT" timeout $(cap 260 10) python3 bench_engine.py \
+    --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --shapes large-v3 \
+    --batches "$2" --hf-batches "$3" --precisions full_fp16 $baselines --out "$4") 2>&1 \
+    | grep -v "seem to have been set\|^\[transformers\]" > "$OUT/${4%.json}.log"
+  echo "engine tile ${1:-default} rc=${PIPESTATUS[0]} (3: rows > 10 % slower than a baseline)"
+  grep -E "^ours|^transformers|SLOWER|encoder:" "$OUT/${4%.json}.log" | head -12
+}
+t=$SECONDS
+engine "$best" "${BATCHES:-1,16,128,256}" "${HF_BATCHES-128}" bench_engine_s31_tile.json
+echo "engine $((SECONDS - t)) s"
+if (( $(left) > 120 )); then
+  t=$SECONDS
+  engine 32x2 128,256 "" bench_engine_s31_tile32x2.json
+  echo "engine (32x2) $((SECONDS - t)) s"
+fi
+echo "=== $((SECONDS - START)) s in all"

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Session 31 (issue 15, "full_fp16 >= 2x transformers at 128 windows"): the absorbed kernel's tiles. At D 1280
-# two 32-position stages left one tile's latency unhidden each tile (~2.5 TB/s); 16-position tiles fit five
-# stages. One call:
+# Session 31 (issue 15, "full_fp16 >= 2x transformers at 128 windows"): the absorbed kernel's block shapes
+# (positions a tile x stages x warps, cuda_ops/cross_absorbed_mma.Tile). One call:
 #   run(command="bash benchmarks/gpu_s31.sh", carry=[".carry/inputs"], timeout_s=600, kind="nvidia-h200", needs_h200=True)
 # 1. CUDA tests of the kernel, every tile against the fp32 reference (tests/kernels/test_cross_absorbed.py);
 # 2. probe_absorbed.py --rows 128,256 --tiles TILES: the kernel alone per tile; the fastest (summed over the
@@ -9,7 +8,7 @@
 # 3. bench_engine, large-v3 shape, full_fp16 (the hybrid cross cache), BATCHES and transformers at HF_BATCHES,
 #    against every recorded bench_engine*_h200.json (--baseline);
 # 4. the same with session 30's tile (32x2) at 128 and 256, if time is left: the A/B in one run.
-# Env: TILES (32x2,16x2,16x3,16x4,16x5), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
+# Env: TILES (32x2,32x2x16,16x4x16,16x5), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-570}
@@ -25,7 +24,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 t=$SECONDS
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 128,256 \
-  --tiles "${TILES:-32x2,16x2,16x3,16x4,16x5}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
+  --tiles "${TILES:-32x2,32x2x16,16x4x16,16x5}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
 grep -E "tile|mma rows" "$OUT/probe_absorbed.log" | tail -14
 echo "probe $((SECONDS - t)) s"
 best=$(python3 - "$OUT/probe_absorbed.json" <<'PY'
@@ -58,7 +57,7 @@ engine() {  # engine TILE BATCHES HF_BATCHES OUTNAME
 t=$SECONDS
 engine "$best" "${BATCHES:-1,16,128,256}" "${HF_BATCHES-128}" bench_engine_s31_tile.json
 echo "engine $((SECONDS - t)) s"
-if (( $(left) > 120 )); then
+if [ -n "$best" ] && [ "$best" != 32x2 ] && (( $(left) > 120 )); then
   t=$SECONDS
   engine 32x2 128,256 "" bench_engine_s31_tile32x2.json
   echo "engine (32x2) $((SECONDS - t)) s"

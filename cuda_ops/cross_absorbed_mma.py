@@ -20,23 +20,38 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).parent / "csrc" / "cross_absorbed_mma.cu"
-WARPS, NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 8, 24, 40, 26, 64  # as the .cu file defines them
+NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 24, 40, 26, 64  # as the .cu file defines them
 SPLIT_BT = 32  # positions per tile that choose_splits counts in (a span is at least two such tiles)
 ENABLED = os.environ.get("STREAMER_ABSORBED_KERNEL", "mma") == "mma"
 """STREAMER_ABSORBED_KERNEL=triton runs the Triton kernel instead (A/B runs)."""
 TILE_OVERRIDE = os.environ.get("STREAMER_ABSORBED_TILE", "")
-"""STREAMER_ABSORBED_TILE=16x5 (positions a tile x stages) replaces `choose_tile`'s choice where it fits
-(sweeps on a GPU: benchmarks/probe_absorbed.py --tiles)."""
+"""STREAMER_ABSORBED_TILE=32x2x16 (positions a tile x stages [x warps]) replaces `choose_tile`'s choice
+where it fits (sweeps on a GPU: benchmarks/probe_absorbed.py --tiles)."""
 
 
-def shared_bytes(d: int, stages: int, bt: int = 32) -> int:
+class Tile(NamedTuple):
+    """A block's shape: positions a tile of X (16 or 32), tiles staged in shared memory (STAGES - 1 in
+    flight while one is worked on), warps (8, or 16 where each warp's slice of the width, D / 16, is a
+    multiple of 16)."""
+    bt: int
+    stages: int
+    warps: int = 8
+
+
+def shared_bytes(d: int, tile: Tile) -> int:
     """Dynamic shared memory of a block: the X stages, the partial scores, P, alpha and l."""
-    return stages * bt * d * 2 + WARPS * bt * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
+    return tile.stages * tile.bt * d * 2 + tile.warps * tile.bt * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
+
+
+def fits(d: int, tile: Tile, limit: int) -> bool:
+    """Whether `tile` runs at width `d` in `limit` bytes of shared memory."""
+    return shared_bytes(d, tile) <= limit and (d // tile.warps) % 16 == 0
 
 
 @functools.cache
@@ -46,32 +61,26 @@ def _device_facts(index: int) -> tuple[int, int, tuple[int, int]]:
     return getattr(props, "shared_memory_per_block_optin", 48 * 1024), props.multi_processor_count, (props.major, props.minor)
 
 
-def parse_tile(text: str) -> tuple[int, int]:
-    """'16x5' -> (16, 5): positions a tile (16 or 32) x stages (2 to 8)."""
+def parse_tile(text: str) -> Tile:
+    """'32x2x16' -> Tile(32, 2, 16), '16x5' -> Tile(16, 5, 8): positions (16 or 32) x stages (2 to 8)
+    [x warps (8 or 16)]."""
     try:
-        bt, stages = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"a tile is BTxSTAGES such as 16x5, got {text!r}") from None
-    if bt not in (16, 32) or not 2 <= stages <= 8:
-        raise ValueError(f"a tile is 16 or 32 positions x 2 to 8 stages, got {text!r}")
-    return bt, stages
+        tile = Tile(*(int(v) for v in text.lower().split("x")))
+    except (ValueError, TypeError):
+        raise ValueError(f"a tile is BTxSTAGES[xWARPS] such as 32x2x16, got {text!r}") from None
+    if tile.bt not in (16, 32) or not 2 <= tile.stages <= 8 or tile.warps not in (8, 16):
+        raise ValueError(f"a tile is 16 or 32 positions x 2 to 8 stages [x 8 or 16 warps], got {text!r}")
+    return tile
 
 
-def choose_tile(d: int, limit: int) -> tuple[int, int]:
-    """(positions a tile, stages) of a block at width `d` with `limit` bytes of shared memory: three
-    32-position stages (two tiles in flight) where they fit; else 16-position ones, as many as fit up to
-    five. At D 1280 (H200, 227 KB) three 32-row stages do not fit, and two left one tile's memory latency
-    unhidden every tile (session 30: the kernel at ~2.5 TB/s, 58 % of the copy rate). (0, 0): none fit."""
-    if TILE_OVERRIDE:
-        bt, stages = parse_tile(TILE_OVERRIDE)
-        if shared_bytes(d, stages, bt) <= limit:
-            return bt, stages
-    if shared_bytes(d, 3, 32) <= limit:
-        return 32, 3
-    for stages in (5, 4, 3, 2):
-        if shared_bytes(d, stages, 16) <= limit:
-            return 16, stages
-    return 0, 0
+def choose_tile(d: int, limit: int) -> Tile | None:
+    """The block's shape at width `d` with `limit` bytes of shared memory (None: none fits): three
+    32-position stages (two tiles in flight) where they fit, else two. Session 31 (H100, D 1280, 128-256
+    rows): 16-position tiles with 2-5 stages ran at ~1.9 TB/s against 2.5 TB/s for 32x2, the same with
+    four tiles in flight as with one: the block's own work per tile, not memory latency, bounds it."""
+    if TILE_OVERRIDE and fits(d, parse_tile(TILE_OVERRIDE), limit):
+        return parse_tile(TILE_OVERRIDE)
+    return next((t for t in (Tile(32, 3), Tile(32, 2)) if fits(d, t, limit)), None)
 
 
 def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
@@ -81,10 +90,10 @@ def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     limit, _, capability = _device_facts(index)
-    bt, stages = choose_tile(d, limit)
-    if d % 128 or d > 1280 or capability < (8, 0) or not stages:
+    tile = choose_tile(d, limit)
+    if d % 128 or d > 1280 or capability < (8, 0) or tile is None:
         return False
-    return _kernel(index, d, 3, bt, stages) is not None and _merge_kernel(index) is not None
+    return _kernel(index, d, 3, tile) is not None and _merge_kernel(index) is not None
 
 
 def usable(qa: Tensor, x: Tensor) -> bool:
@@ -114,9 +123,9 @@ def _load(index: int, name: str, shared: int = 0):
         return None
 
 
-def _kernel(index: int, d: int, nt: int, bt: int, stages: int):
-    """The instance <d, bt, nt, stages> on CUDA device `index` (see `_load`)."""
-    return _load(index, f"absorbed_mma<{d}, {bt}, {nt}, {stages}>", shared_bytes(d, stages, bt))
+def _kernel(index: int, d: int, nt: int, tile: Tile):
+    """The instance <d, bt, nt, stages, warps> on CUDA device `index` (see `_load`)."""
+    return _load(index, f"absorbed_mma<{d}, {tile.bt}, {nt}, {tile.stages}, {tile.warps}>", shared_bytes(d, tile))
 
 
 def _merge_kernel(index: int):
@@ -133,11 +142,11 @@ def choose_splits(rows: int, groups: int, T: int, sms: int) -> int:
 
 
 def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None, splits: int = 0,
-                           out_dtype: torch.dtype | None = None, tile: tuple[int, int] | None = None) -> Tensor:
+                           out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> Tensor:
     """z [B, Hq, D] = softmax(qa X_w^T) X_w for fp16 queries qa [B, Hq, D] and encoder states
     x [W, T, D] on CUDA (`usable`); row b reads window windows[b] (int32 [B]; None: window b).
-    splits: spans of positions per row (0: as many as fill the GPU); tile: (positions a tile, stages)
-    (None: `choose_tile`'s)."""
+    splits: spans of positions per row (0: as many as fill the GPU); tile: the block's shape (None:
+    `choose_tile`'s)."""
     B, Hq, D = qa.shape
     W, T, Dx = x.shape
     if Dx != D:
@@ -156,12 +165,13 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
     nt = -(-hg // 8)
     index = qa.device.index if qa.device.index is not None else torch.cuda.current_device()
     limit, sms, _ = _device_facts(index)
-    bt, stages = tile or choose_tile(D, limit)
-    if shared_bytes(D, stages, bt) > limit:
-        raise ValueError(f"tile {bt}x{stages} needs {shared_bytes(D, stages, bt)} bytes of shared memory, the device gives {limit}")
-    kernel = _kernel(index, D, nt, bt, stages)
+    tile = Tile(*tile) if tile else choose_tile(D, limit)
+    if tile is None or not fits(D, tile, limit):
+        raise ValueError(f"tile {tile} does not fit width {D} and {limit} bytes of shared memory")
+    kernel = _kernel(index, D, nt, tile)
     if kernel is None:
-        raise RuntimeError(f"absorbed_mma<{D}, {bt}, {nt}, {stages}> did not compile (see the warning)")
+        raise RuntimeError(f"absorbed_mma<{D}, {tile}> did not compile (see the warning)")
+    bt = tile.bt
     splits = splits or choose_splits(B, groups, T, sms)
     span = -(-T // splits)
     span = -(-span // bt) * bt
@@ -180,7 +190,7 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
         l = torch.empty_like(m)
         s_ob, s_os, s_oh = out.stride(0), out.stride(1), out.stride(2)
     win = windows if windows is not None else m  # any pointer: unread without windows
-    kernel(grid=(B * groups, splits, 1), block=(WARPS * 32, 1, 1), shared_mem=shared_bytes(D, stages, bt),
+    kernel(grid=(B * groups, splits, 1), block=(tile.warps * 32, 1, 1), shared_mem=shared_bytes(D, tile),
            args=[qa, x, win, out, m, l, T, span, Hq, hg, groups, qa.stride(0), qa.stride(1), x.stride(0), x.stride(1),
                  s_ob, s_os, s_oh, splits * Hq, int(windows is not None), int(one)])
     if one:

@@ -1,11 +1,11 @@
 // Absorbed cross-attention, z = softmax(qa X^T) X, hand-written for tensor cores (mma.sync m16n8k16,
 // fp16 in, fp32 accumulation): cuda_ops/cross_absorbed_mma.py compiles it with NVRTC and launches it.
 //
-// One block of 8 warps takes one row's group of up to NT * 8 query rows (a decode step's 20 heads: NT
+// One block of WARPS warps (8, or 16 where D / 16 is a multiple of 16) takes one row's group of up to NT * 8 query rows (a decode step's 20 heads: NT
 // = 3) over a span of positions. Positions are the products' M, so the skinny side (the queries) is N,
 // padded to 8, not 16 or 64:
 //   scores^T [BT positions, N] = X_tile [BT, D] . qa^T [D, N]   (warps split D; partial sums meet in smem)
-//   z^T [D, N] += X_tile^T [D, BT] . P [BT, N]                   (warps split D; each holds its D/8 rows)
+//   z^T [D, N] += X_tile^T [D, BT] . P [BT, N]                   (warps split D; each holds its D/WARPS rows)
 // so each BT x D tile of X, staged in shared memory by cp.async STAGES - 1 tiles ahead, feeds both products
 // from shared memory (ldmatrix, ldmatrix.trans) and X is read from global memory once. BT is 32 or 16: a
 // block (one an SM) keeps STAGES - 1 tiles in flight while it works on one, and at D 1280 only two 32-row
@@ -19,8 +19,6 @@
 typedef unsigned short f16;
 typedef unsigned int u32;
 
-#define WARPS 8
-#define THREADS 256
 #define NMAX 24        // query rows a block at most (3 n8 tiles)
 #define PSTRIDE 40     // halves a row of P in shared memory (32 + 8: conflict-free 32-bit reads; BT <= 32)
 #define RSTRIDE 26     // floats a position of the partial scores (24 + 2)
@@ -76,7 +74,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Issue the cp.async loads of positions [t0, t0 + BT) (rows past t_hi zero-filled) into a stage.
-template <int D, int BT>
+template <int D, int BT, int THREADS>
 __device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s_xt, int t0, int t_hi) {
     constexpr int CH = D / 8;  // 16-byte chunks a row
 #pragma unroll
@@ -93,13 +91,16 @@ __device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s
 // Grid (B * groups, splits); group g of a row takes query rows g * HG ... (g + 1) * HG - 1 (HG <= NT * 8).
 // normalize: out fp16 [B, HQ, D] (s_ob, s_oh); else out fp32 [B, splits, HQ, D] (s_ob, s_os, s_oh) with
 // m (natural units) and l at [b * s_mb + split * HQ + head] for the merge of the spans.
-template <int D, int BT, int NT, int STAGES>
-__global__ void __launch_bounds__(THREADS, 1)
+template <int D, int BT, int NT, int STAGES, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 1)
 absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* __restrict__ windows,
              void* __restrict__ out, float* __restrict__ m_out, float* __restrict__ l_out,
              int T, int span, int HQ, int HG, int groups, int s_qb, int s_qh, int s_xw, int s_xt,
              int s_ob, int s_os, int s_oh, int s_mb, int has_windows, int normalize) {
+    constexpr int THREADS = WARPS * 32;
     constexpr int DW = D / WARPS;  // a warp's slice of the width
+    constexpr int RW = (NMAX + WARPS - 1) / WARPS;  // query rows a warp owns in the softmax
+    static_assert(DW % 16 == 0, "a warp's slice of the width is a multiple of 16");
     constexpr int KS = DW / 16;    // its k16 steps (scores) and m16 tiles (z)
     constexpr int MT = BT / 16;    // m16 tiles of positions (scores), k16 steps (z)
     static_assert(BT == 16 || BT == 32, "a tile is 16 or 32 positions");
@@ -142,65 +143,70 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
         for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int j = 0; j < 4; ++j) acc[i][n][j] = 0.f;
-    float m_run[3], l_run[3];  // the softmax state of query rows warp * 3 + j (held by every lane)
+    float m_run[RW], l_run[RW];  // the softmax state of query rows warp * RW + j (held by every lane)
 #pragma unroll
-    for (int j = 0; j < 3; ++j) {
+    for (int j = 0; j < RW; ++j) {
         m_run[j] = -__int_as_float(0x7f800000);
         l_run[j] = 0.f;
     }
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) load_tile<D, BT>(xs + s * BT * D, xw, s_xt, t_lo + s * BT, t_hi);
+        if (s < ntiles) load_tile<D, BT, THREADS>(xs + s * BT * D, xw, s_xt, t_lo + s * BT, t_hi);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int i = 0; i < ntiles; ++i) {
         const int ahead = i + STAGES - 1;
-        if (ahead < ntiles) load_tile<D, BT>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
+        if (ahead < ntiles) load_tile<D, BT, THREADS>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
         __syncthreads();
         const f16* tile = xs + (i % STAGES) * BT * D;
         const int t0 = t_lo + i * BT;
 
-        // Partial scores over this warp's slice of the width: [BT positions, NT * 8 rows].
-        float sc[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) sc[mt][n][j] = 0.f;
-#pragma unroll
-        for (int k = 0; k < KS; ++k) {
-            const int chunk = (warp * DW + k * 16) / 8 + (lane >> 4);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int row = mt * 16 + (lane & 15);
-                u32 a[4];
-                ldm_x4(smem_u32(tile + row * D + ((chunk ^ (row & 7)) << 3)), a);
-#pragma unroll
-                for (int n = 0; n < NT; ++n) mma16816(sc[mt][n], a, qf[n][k][0], qf[n][k][1]);
-            }
-        }
+        // Partial scores over this warp's slice of the width: [BT positions, NT * 8 rows], MG m16 tiles of
+        // positions a pass (16 warps: one, to stay within 128 registers a thread).
+        constexpr int MG = WARPS > 8 ? 1 : MT;
         float* my_red = red + warp * BT * RSTRIDE;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int m0 = 0; m0 < MT; m0 += MG) {
+            float sc[MG][NT][4];
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const int p = mt * 16 + g8, h = n * 8 + 2 * t4;
-                my_red[p * RSTRIDE + h] = sc[mt][n][0];
-                my_red[p * RSTRIDE + h + 1] = sc[mt][n][1];
-                my_red[(p + 8) * RSTRIDE + h] = sc[mt][n][2];
-                my_red[(p + 8) * RSTRIDE + h + 1] = sc[mt][n][3];
+            for (int mi = 0; mi < MG; ++mi)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) sc[mi][n][j] = 0.f;
+#pragma unroll
+            for (int k = 0; k < KS; ++k) {
+                const int chunk = (warp * DW + k * 16) / 8 + (lane >> 4);
+#pragma unroll
+                for (int mi = 0; mi < MG; ++mi) {
+                    const int row = (m0 + mi) * 16 + (lane & 15);
+                    u32 a[4];
+                    ldm_x4(smem_u32(tile + row * D + ((chunk ^ (row & 7)) << 3)), a);
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) mma16816(sc[mi][n], a, qf[n][k][0], qf[n][k][1]);
+                }
             }
+#pragma unroll
+            for (int mi = 0; mi < MG; ++mi)
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int p = (m0 + mi) * 16 + g8, h = n * 8 + 2 * t4;
+                    my_red[p * RSTRIDE + h] = sc[mi][n][0];
+                    my_red[p * RSTRIDE + h + 1] = sc[mi][n][1];
+                    my_red[(p + 8) * RSTRIDE + h] = sc[mi][n][2];
+                    my_red[(p + 8) * RSTRIDE + h + 1] = sc[mi][n][3];
+                }
+        }
         __syncthreads();
 
-        // Online softmax: warp w owns query rows 3w .. 3w + 2, a lane one position (lanes past BT none).
+        // Online softmax: warp w owns query rows RW w .. RW w + RW - 1, a lane one position (lanes past BT none).
         const bool valid = lane < BT && t0 + lane < t_hi;
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            const int h = warp * 3 + j;
+        for (int j = 0; j < RW; ++j) {
+            const int h = warp * RW + j;
             if (h < NT * 8) {
                 float s = 0.f;
 #pragma unroll
@@ -260,8 +266,8 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
 
     if (lane == 0) {
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            const int h = warp * 3 + j;
+        for (int j = 0; j < RW; ++j) {
+            const int h = warp * RW + j;
             if (h < NT * 8) {
                 l_s[h] = l_run[j];
                 if (!normalize && h < nh) {
@@ -337,12 +343,14 @@ __global__ void absorbed_merge(const float* __restrict__ part, const float* __re
 }
 
 #ifdef ABSORBED_MMA_INSTANTIATE  // nvcc checks (registers, spills): nvcc -DABSORBED_MMA_INSTANTIATE -cubin
-#define INSTANCE(D, BT, NT, S)                                                                                      \
-    template __global__ void absorbed_mma<D, BT, NT, S>(const f16*, const f16*, const int*, void*, float*, float*, \
-                                                        int, int, int, int, int, int, int, int, int, int, int, int, \
-                                                        int, int, int);
-INSTANCE(1280, 32, 3, 2)
-INSTANCE(1280, 16, 3, 5)
-INSTANCE(384, 32, 3, 3)
-INSTANCE(1024, 16, 2, 4)
+#define INSTANCE(D, BT, NT, S, W)                                                                                   \
+    template __global__ void absorbed_mma<D, BT, NT, S, W>(const f16*, const f16*, const int*, void*, float*,     \
+                                                           float*, int, int, int, int, int, int, int, int, int,  \
+                                                           int, int, int, int, int, int);
+INSTANCE(1280, 32, 3, 2, 8)
+INSTANCE(1280, 32, 3, 2, 16)
+INSTANCE(1280, 16, 3, 4, 16)
+INSTANCE(1280, 16, 3, 5, 8)
+INSTANCE(384, 32, 3, 3, 8)
+INSTANCE(1024, 32, 2, 3, 16)
 #endif

@@ -144,13 +144,13 @@ def test_mma_kernel_matches_reference(shape):
 
 
 # Every tile the kernel can take (positions x stages), on shapes with partial last tiles, windows and spans.
-MMA_TILES = [(32, 2), (32, 3), (16, 2), (16, 3), (16, 5)]
+MMA_TILES = [(32, 2), (32, 3), (16, 2), (16, 5), (32, 2, 16), (16, 4, 16)]
 MMA_TILE_SHAPES = [(3, 6, 33, 384, True, 0), (4, 20, 1500, 1280, True, 1), (33, 20, 1500, 1280, False, 0),
                    (2, 16, 77, 1024, False, 3)]
 
 
 @pytest.mark.skipif(not CUDA, reason="the tensor-core kernel runs on CUDA only")
-@pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: "x".join(map(str, t)))
 @pytest.mark.parametrize("shape", MMA_TILE_SHAPES, ids=str)
 def test_mma_kernel_tiles_match_reference(shape, tile):
     from cuda_ops import cross_absorbed_mma
@@ -158,8 +158,8 @@ def test_mma_kernel_tiles_match_reference(shape, tile):
     *case, splits = shape
     qa, x, win = make_case(*case)
     limit = cross_absorbed_mma._device_facts(qa.device.index or 0)[0]
-    if cross_absorbed_mma.shared_bytes(x.shape[-1], tile[1], tile[0]) > limit:
-        with pytest.raises(ValueError, match="shared memory"):
+    if not cross_absorbed_mma.fits(x.shape[-1], cross_absorbed_mma.Tile(*tile), limit):
+        with pytest.raises(ValueError, match="does not fit"):
             cross_absorbed_mma.absorbed_attention_mma(qa, x, win, splits=splits, tile=tile)
         return
     ref = absorbed_attention_reference(qa, x, win)
@@ -171,12 +171,13 @@ def test_mma_kernel_tiles_match_reference(shape, tile):
 def test_tile_choice_and_parsing():
     from cuda_ops import cross_absorbed_mma as m
 
-    h200 = 227 * 1024
-    assert m.choose_tile(384, h200) == (32, 3) and m.choose_tile(1024, h200) == (32, 3)
-    assert m.choose_tile(1280, h200) == (16, 5)  # three 32-row stages of D 1280 do not fit
-    assert m.choose_tile(1280, 48 * 1024) == (0, 0)
-    assert m.parse_tile("16x4") == (16, 4)
-    for bad in ("16", "8x4", "32x1", "axb"):
+    h100 = 227 * 1024
+    assert m.choose_tile(384, h100) == (32, 3, 8) and m.choose_tile(1024, h100) == (32, 3, 8)
+    assert m.choose_tile(1280, h100) == (32, 2, 8)  # three 32-row stages of D 1280 do not fit
+    assert m.choose_tile(1280, 48 * 1024) is None
+    assert m.parse_tile("16x4") == (16, 4, 8) and m.parse_tile("32x2x16") == (32, 2, 16)
+    assert not m.fits(384, m.Tile(32, 2, 16), h100)  # a warp's slice of 384 / 16 is not a multiple of 16
+    for bad in ("16", "8x4", "32x1", "axb", "32x2x12", "32x2x8x1"):
         with pytest.raises(ValueError, match="tile"):
             m.parse_tile(bad)
 

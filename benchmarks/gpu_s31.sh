@@ -8,7 +8,7 @@
 # 3. bench_engine, large-v3 shape, full_fp16 (the hybrid cross cache), BATCHES and transformers at HF_BATCHES,
 #    against every recorded bench_engine*_h200.json (--baseline);
 # 4. the same with session 30's tile (32x2) at 128 and 256, if time is left: the A/B in one run.
-# Env: TILES (32x2,32x2x16,16x4x16,16x5), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
+# Env: TILES (32x2,32x2x8x1,16x5x8x1), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-570}
@@ -24,7 +24,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 t=$SECONDS
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 128,256 \
-  --tiles "${TILES:-32x2,32x2x16,16x4x16,16x5}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
+  --tiles "${TILES:-32x2,32x2x8x1,16x5x8x1}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
 grep -E "tile|mma rows" "$OUT/probe_absorbed.log" | tail -14
 echo "probe $((SECONDS - t)) s"
 best=$(python3 - "$OUT/probe_absorbed.json" <<'PY'

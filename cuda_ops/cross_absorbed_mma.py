@@ -38,10 +38,12 @@ where it fits (sweeps on a GPU: benchmarks/probe_absorbed.py --tiles)."""
 class Tile(NamedTuple):
     """A block's shape: positions a tile of X (16 or 32), tiles staged in shared memory (STAGES - 1 in
     flight while one is worked on), warps (8, or 16 where each warp's slice of the width, D / 16, is a
-    multiple of 16)."""
+    multiple of 16), late (1: the next tile's loads after the tile's first barrier, three barriers a tile
+    instead of four)."""
     bt: int
     stages: int
     warps: int = 8
+    late: int = 0
 
 
 def shared_bytes(d: int, tile: Tile) -> int:
@@ -62,13 +64,13 @@ def _device_facts(index: int) -> tuple[int, int, tuple[int, int]]:
 
 
 def parse_tile(text: str) -> Tile:
-    """'32x2x16' -> Tile(32, 2, 16), '16x5' -> Tile(16, 5, 8): positions (16 or 32) x stages (2 to 8)
-    [x warps (8 or 16)]."""
+    """'32x2x16' -> Tile(32, 2, 16), '16x5' -> Tile(16, 5, 8), '32x2x8x1' -> Tile(32, 2, 8, 1): positions
+    (16 or 32) x stages (2 to 8) [x warps (8 or 16) [x late (0 or 1)]]."""
     try:
         tile = Tile(*(int(v) for v in text.lower().split("x")))
     except (ValueError, TypeError):
         raise ValueError(f"a tile is BTxSTAGES[xWARPS] such as 32x2x16, got {text!r}") from None
-    if tile.bt not in (16, 32) or not 2 <= tile.stages <= 8 or tile.warps not in (8, 16):
+    if tile.bt not in (16, 32) or not 2 <= tile.stages <= 8 or tile.warps not in (8, 16) or tile.late not in (0, 1):
         raise ValueError(f"a tile is 16 or 32 positions x 2 to 8 stages [x 8 or 16 warps], got {text!r}")
     return tile
 
@@ -125,7 +127,7 @@ def _load(index: int, name: str, shared: int = 0):
 
 def _kernel(index: int, d: int, nt: int, tile: Tile):
     """The instance <d, bt, nt, stages, warps> on CUDA device `index` (see `_load`)."""
-    return _load(index, f"absorbed_mma<{d}, {tile.bt}, {nt}, {tile.stages}, {tile.warps}>", shared_bytes(d, tile))
+    return _load(index, f"absorbed_mma<{d}, {tile.bt}, {nt}, {tile.stages}, {tile.warps}, {tile.late}>", shared_bytes(d, tile))
 
 
 def _merge_kernel(index: int):

@@ -91,7 +91,7 @@ __device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s
 // Grid (B * groups, splits); group g of a row takes query rows g * HG ... (g + 1) * HG - 1 (HG <= NT * 8).
 // normalize: out fp16 [B, HQ, D] (s_ob, s_oh); else out fp32 [B, splits, HQ, D] (s_ob, s_os, s_oh) with
 // m (natural units) and l at [b * s_mb + split * HQ + head] for the merge of the spans.
-template <int D, int BT, int NT, int STAGES, int WARPS>
+template <int D, int BT, int NT, int STAGES, int WARPS, int LATE>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* __restrict__ windows,
              void* __restrict__ out, float* __restrict__ m_out, float* __restrict__ l_out,
@@ -156,11 +156,22 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int i = 0; i < ntiles; ++i) {
+        // LATE: the next tile's loads go out after the barrier that says every warp is done with the stage
+        // they overwrite (tile i - 1's), so no barrier ends the iteration (three a tile, not four); its
+        // partial scores and P are rewritten only after later barriers.
         const int ahead = i + STAGES - 1;
-        if (ahead < ntiles) load_tile<D, BT, THREADS>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
-        asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+        if (!LATE) {
+            if (ahead < ntiles) load_tile<D, BT, THREADS>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
+            asm volatile("cp.async.commit_group;\n" ::);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+        } else {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        }
         __syncthreads();
+        if (LATE) {
+            if (ahead < ntiles) load_tile<D, BT, THREADS>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
+            asm volatile("cp.async.commit_group;\n" ::);
+        }
         const f16* tile = xs + (i % STAGES) * BT * D;
         const int t0 = t_lo + i * BT;
 
@@ -260,7 +271,7 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
                 for (int n = 0; n < NT; ++n) mma16816(acc[ms][n], a, pb[n][0], pb[n][1]);
             }
         }
-        __syncthreads();  // the stage, the partial scores and P are rewritten next
+        if (!LATE) __syncthreads();  // the stage, the partial scores and P are rewritten next
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 
@@ -343,14 +354,14 @@ __global__ void absorbed_merge(const float* __restrict__ part, const float* __re
 }
 
 #ifdef ABSORBED_MMA_INSTANTIATE  // nvcc checks (registers, spills): nvcc -DABSORBED_MMA_INSTANTIATE -cubin
-#define INSTANCE(D, BT, NT, S, W)                                                                                   \
-    template __global__ void absorbed_mma<D, BT, NT, S, W>(const f16*, const f16*, const int*, void*, float*,     \
-                                                           float*, int, int, int, int, int, int, int, int, int,  \
-                                                           int, int, int, int, int, int);
-INSTANCE(1280, 32, 3, 2, 8)
-INSTANCE(1280, 32, 3, 2, 16)
-INSTANCE(1280, 16, 3, 4, 16)
-INSTANCE(1280, 16, 3, 5, 8)
-INSTANCE(384, 32, 3, 3, 8)
-INSTANCE(1024, 32, 2, 3, 16)
+#define INSTANCE(D, BT, NT, S, W, L)                                                                                \
+    template __global__ void absorbed_mma<D, BT, NT, S, W, L>(const f16*, const f16*, const int*, void*, float*,  \
+                                                              float*, int, int, int, int, int, int, int, int,     \
+                                                              int, int, int, int, int, int, int);
+INSTANCE(1280, 32, 3, 2, 8, 0)
+INSTANCE(1280, 32, 3, 2, 8, 1)
+INSTANCE(1280, 32, 3, 2, 16, 0)
+INSTANCE(1280, 16, 3, 5, 8, 1)
+INSTANCE(384, 32, 3, 3, 8, 1)
+INSTANCE(1024, 32, 2, 3, 16, 0)
 #endif

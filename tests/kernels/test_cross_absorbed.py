@@ -144,7 +144,7 @@ def test_mma_kernel_matches_reference(shape):
 
 
 # Every tile the kernel can take (positions x stages), on shapes with partial last tiles, windows and spans.
-MMA_TILES = [(32, 2), (32, 3), (16, 2), (16, 5), (32, 2, 16), (16, 4, 16)]
+MMA_TILES = [(32, 2), (32, 3), (16, 2), (16, 5), (32, 2, 16), (32, 2, 8, 1), (32, 3, 8, 1), (16, 2, 8, 1)]
 MMA_TILE_SHAPES = [(3, 6, 33, 384, True, 0), (4, 20, 1500, 1280, True, 1), (33, 20, 1500, 1280, False, 0),
                    (2, 16, 77, 1024, False, 3)]
 
@@ -172,12 +172,13 @@ def test_tile_choice_and_parsing():
     from cuda_ops import cross_absorbed_mma as m
 
     h100 = 227 * 1024
-    assert m.choose_tile(384, h100) == (32, 3, 8) and m.choose_tile(1024, h100) == (32, 3, 8)
-    assert m.choose_tile(1280, h100) == (32, 2, 8)  # three 32-row stages of D 1280 do not fit
+    assert m.choose_tile(384, h100) == (32, 3, 8, 0) and m.choose_tile(1024, h100) == (32, 3, 8, 0)
+    assert m.choose_tile(1280, h100) == (32, 2, 8, 0)  # three 32-row stages of D 1280 do not fit
     assert m.choose_tile(1280, 48 * 1024) is None
-    assert m.parse_tile("16x4") == (16, 4, 8) and m.parse_tile("32x2x16") == (32, 2, 16)
+    assert m.parse_tile("16x4") == (16, 4, 8, 0) and m.parse_tile("32x2x16") == (32, 2, 16, 0)
     assert not m.fits(384, m.Tile(32, 2, 16), h100)  # a warp's slice of 384 / 16 is not a multiple of 16
-    for bad in ("16", "8x4", "32x1", "axb", "32x2x12", "32x2x8x1"):
+    assert m.parse_tile("32x2x8x1") == (32, 2, 8, 1)
+    for bad in ("16", "8x4", "32x1", "axb", "32x2x12", "32x2x8x2", "32x2x8x1x1"):
         with pytest.raises(ValueError, match="tile"):
             m.parse_tile(bad)
 

@@ -7,8 +7,8 @@
 #    rows) becomes STREAMER_ABSORBED_TILE for
 # 3. bench_engine, large-v3 shape, full_fp16 (the hybrid cross cache), BATCHES and transformers at HF_BATCHES,
 #    against every recorded bench_engine*_h200.json (--baseline);
-# 4. the same with session 30's tile (32x2) at 128 and 256, if time is left: the A/B in one run.
-# Env: TILES (32x2,32x2x8x1,16x5x8x1), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
+# 4. Nsight Compute's view of the kernel at 128 rows (benchmarks/ncu_absorbed.py), if time is left.
+# Env: TILES (32x2,16x5,16x3), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
 START=$SECONDS
 BUDGET=${BUDGET_S:-570}
@@ -24,7 +24,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 t=$SECONDS
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 128,256 \
-  --tiles "${TILES:-32x2,32x2x8x1,16x5x8x1}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
+  --tiles "${TILES:-32x2,16x5,16x3}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1
 grep -E "tile|mma rows" "$OUT/probe_absorbed.log" | tail -14
 echo "probe $((SECONDS - t)) s"
 best=$(python3 - "$OUT/probe_absorbed.json" <<'PY'
@@ -57,9 +57,10 @@ engine() {  # engine TILE BATCHES HF_BATCHES OUTNAME
 t=$SECONDS
 engine "$best" "${BATCHES:-1,16,128,256}" "${HF_BATCHES-128}" bench_engine_s31_tile.json
 echo "engine $((SECONDS - t)) s"
-if [ -n "$best" ] && [ "$best" != 32x2 ] && (( $(left) > 120 )); then
-  t=$SECONDS
-  engine 32x2 128,256 "" bench_engine_s31_tile32x2.json
-  echo "engine (32x2) $((SECONDS - t)) s"
+if (( $(left) > 60 )) && command -v ncu >/dev/null; then
+  timeout $(cap 40 5) ncu --kernel-name regex:absorbed_mma --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+    python3 benchmarks/ncu_absorbed.py --rows 128 > "$OUT/ncu_128.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Issued Ipc|Eligible Warps|Issued Instructions  |highest-utilized" "$OUT/ncu_128.txt"
 fi
 echo "=== $((SECONDS - START)) s in all"

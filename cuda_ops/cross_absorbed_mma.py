@@ -26,34 +26,30 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).parent / "csrc" / "cross_absorbed_mma.cu"
-NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 24, 40, 26, 64  # as the .cu file defines them
+WARPS, NMAX, PSTRIDE, RSTRIDE, MERGE_MAX = 8, 24, 40, 26, 64  # as the .cu file defines them
 SPLIT_BT = 32  # positions per tile that choose_splits counts in (a span is at least two such tiles)
 ENABLED = os.environ.get("STREAMER_ABSORBED_KERNEL", "mma") == "mma"
 """STREAMER_ABSORBED_KERNEL=triton runs the Triton kernel instead (A/B runs)."""
 TILE_OVERRIDE = os.environ.get("STREAMER_ABSORBED_TILE", "")
-"""STREAMER_ABSORBED_TILE=32x2x16 (positions a tile x stages [x warps]) replaces `choose_tile`'s choice
-where it fits (sweeps on a GPU: benchmarks/probe_absorbed.py --tiles)."""
+"""STREAMER_ABSORBED_TILE=16x5 (positions a tile x stages) replaces `choose_tile`'s choice where it fits
+(sweeps on a GPU: benchmarks/probe_absorbed.py --tiles)."""
 
 
 class Tile(NamedTuple):
-    """A block's shape: positions a tile of X (16 or 32), tiles staged in shared memory (STAGES - 1 in
-    flight while one is worked on), warps (8, or 16 where each warp's slice of the width, D / 16, is a
-    multiple of 16), late (1: the next tile's loads after the tile's first barrier, three barriers a tile
-    instead of four)."""
+    """A block's shape: positions a tile of X (16 or 32) and tiles staged in shared memory (STAGES - 1 in
+    flight while one is worked on)."""
     bt: int
     stages: int
-    warps: int = 8
-    late: int = 0
 
 
 def shared_bytes(d: int, tile: Tile) -> int:
     """Dynamic shared memory of a block: the X stages, the partial scores, P, alpha and l."""
-    return tile.stages * tile.bt * d * 2 + tile.warps * tile.bt * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
+    return tile.stages * tile.bt * d * 2 + WARPS * tile.bt * RSTRIDE * 4 + NMAX * PSTRIDE * 2 + 2 * NMAX * 4
 
 
 def fits(d: int, tile: Tile, limit: int) -> bool:
     """Whether `tile` runs at width `d` in `limit` bytes of shared memory."""
-    return shared_bytes(d, tile) <= limit and (d // tile.warps) % 16 == 0
+    return shared_bytes(d, tile) <= limit
 
 
 @functools.cache
@@ -64,14 +60,13 @@ def _device_facts(index: int) -> tuple[int, int, tuple[int, int]]:
 
 
 def parse_tile(text: str) -> Tile:
-    """'32x2x16' -> Tile(32, 2, 16), '16x5' -> Tile(16, 5, 8), '32x2x8x1' -> Tile(32, 2, 8, 1): positions
-    (16 or 32) x stages (2 to 8) [x warps (8 or 16) [x late (0 or 1)]]."""
+    """'16x5' -> Tile(16, 5): positions (16 or 32) x stages (2 to 8)."""
     try:
         tile = Tile(*(int(v) for v in text.lower().split("x")))
     except (ValueError, TypeError):
-        raise ValueError(f"a tile is BTxSTAGES[xWARPS] such as 32x2x16, got {text!r}") from None
-    if tile.bt not in (16, 32) or not 2 <= tile.stages <= 8 or tile.warps not in (8, 16) or tile.late not in (0, 1):
-        raise ValueError(f"a tile is 16 or 32 positions x 2 to 8 stages [x 8 or 16 warps], got {text!r}")
+        raise ValueError(f"a tile is BTxSTAGES such as 16x5, got {text!r}") from None
+    if tile.bt not in (16, 32) or not 2 <= tile.stages <= 8:
+        raise ValueError(f"a tile is 16 or 32 positions x 2 to 8 stages, got {text!r}")
     return tile
 
 
@@ -79,7 +74,8 @@ def choose_tile(d: int, limit: int) -> Tile | None:
     """The block's shape at width `d` with `limit` bytes of shared memory (None: none fits): three
     32-position stages (two tiles in flight) where they fit, else two. Session 31 (H100, D 1280, 128-256
     rows): 16-position tiles with 2-5 stages ran at ~1.9 TB/s against 2.5 TB/s for 32x2, the same with
-    four tiles in flight as with one: the block's own work per tile, not memory latency, bounds it."""
+    four tiles in flight as with one (16 warps a block and three barriers a tile did not help either):
+    the block's own instructions bound it, not memory latency (ncu: 2 warps a scheduler, 0.6 eligible)."""
     if TILE_OVERRIDE and fits(d, parse_tile(TILE_OVERRIDE), limit):
         return parse_tile(TILE_OVERRIDE)
     return next((t for t in (Tile(32, 3), Tile(32, 2)) if fits(d, t, limit)), None)
@@ -126,8 +122,8 @@ def _load(index: int, name: str, shared: int = 0):
 
 
 def _kernel(index: int, d: int, nt: int, tile: Tile):
-    """The instance <d, bt, nt, stages, warps> on CUDA device `index` (see `_load`)."""
-    return _load(index, f"absorbed_mma<{d}, {tile.bt}, {nt}, {tile.stages}, {tile.warps}, {tile.late}>", shared_bytes(d, tile))
+    """The instance <d, bt, nt, stages> on CUDA device `index` (see `_load`)."""
+    return _load(index, f"absorbed_mma<{d}, {tile.bt}, {nt}, {tile.stages}>", shared_bytes(d, tile))
 
 
 def _merge_kernel(index: int):
@@ -192,7 +188,7 @@ def absorbed_attention_mma(qa: Tensor, x: Tensor, windows: Tensor | None = None,
         l = torch.empty_like(m)
         s_ob, s_os, s_oh = out.stride(0), out.stride(1), out.stride(2)
     win = windows if windows is not None else m  # any pointer: unread without windows
-    kernel(grid=(B * groups, splits, 1), block=(tile.warps * 32, 1, 1), shared_mem=shared_bytes(D, tile),
+    kernel(grid=(B * groups, splits, 1), block=(WARPS * 32, 1, 1), shared_mem=shared_bytes(D, tile),
            args=[qa, x, win, out, m, l, T, span, Hq, hg, groups, qa.stride(0), qa.stride(1), x.stride(0), x.stride(1),
                  s_ob, s_os, s_oh, splits * Hq, int(windows is not None), int(one)])
     if one:

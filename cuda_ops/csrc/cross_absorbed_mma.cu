@@ -1,11 +1,11 @@
 // Absorbed cross-attention, z = softmax(qa X^T) X, hand-written for tensor cores (mma.sync m16n8k16,
 // fp16 in, fp32 accumulation): cuda_ops/cross_absorbed_mma.py compiles it with NVRTC and launches it.
 //
-// One block of WARPS warps (8, or 16 where D / 16 is a multiple of 16) takes one row's group of up to NT * 8 query rows (a decode step's 20 heads: NT
+// One block of 8 warps takes one row's group of up to NT * 8 query rows (a decode step's 20 heads: NT
 // = 3) over a span of positions. Positions are the products' M, so the skinny side (the queries) is N,
 // padded to 8, not 16 or 64:
 //   scores^T [BT positions, N] = X_tile [BT, D] . qa^T [D, N]   (warps split D; partial sums meet in smem)
-//   z^T [D, N] += X_tile^T [D, BT] . P [BT, N]                   (warps split D; each holds its D/WARPS rows)
+//   z^T [D, N] += X_tile^T [D, BT] . P [BT, N]                   (warps split D; each holds its D/8 rows)
 // so each BT x D tile of X, staged in shared memory by cp.async STAGES - 1 tiles ahead, feeds both products
 // from shared memory (ldmatrix, ldmatrix.trans) and X is read from global memory once. BT is 32 or 16: a
 // block (one an SM) keeps STAGES - 1 tiles in flight while it works on one, and at D 1280 only two 32-row
@@ -20,6 +20,8 @@ typedef unsigned short f16;
 typedef unsigned int u32;
 
 #define NMAX 24        // query rows a block at most (3 n8 tiles)
+#define WARPS 8
+#define THREADS 256
 #define PSTRIDE 40     // halves a row of P in shared memory (32 + 8: conflict-free 32-bit reads; BT <= 32)
 #define RSTRIDE 26     // floats a position of the partial scores (24 + 2)
 #define LOG2E 1.4426950408889634f
@@ -73,17 +75,24 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Issue the cp.async loads of positions [t0, t0 + BT) (rows past t_hi zero-filled) into a stage.
-template <int D, int BT, int THREADS>
-__device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s_xt, int t0, int t_hi) {
-    constexpr int CH = D / 8;  // 16-byte chunks a row
+// Issue the cp.async loads of positions [t0, t0 + BT) (rows past t_hi zero-filled) into the stage at shared
+// address `stage`: warp w copies rows w * BT / WARPS ..., a lane 16-byte chunks lane, lane + 32, ... of each,
+// so that every address is a per-thread base plus a constant (no division a chunk: ncu showed the integer
+// pipe, not memory, the busiest in the per-chunk form), and a warp writes 512 contiguous bytes at once.
+template <int D, int BT>
+__device__ __forceinline__ void load_tile(u32 stage, const f16* xw, long long s_xt, int t0, int t_hi, int warp, int lane) {
+    constexpr int CH = D / 8;              // 16-byte chunks a row
+    constexpr int RPW = BT / WARPS;        // rows a warp
+    constexpr int CPL = (CH + 31) / 32;    // chunks a lane a row
 #pragma unroll
-    for (int i = threadIdx.x; i < BT * CH; i += THREADS) {
-        int row = i / CH, c = i % CH;
-        int t = t0 + row;
-        bool ok = t < t_hi;
-        const f16* src = xw + (ok ? (long long)t * s_xt : 0) + c * 8;
-        cp_async16(smem_u32(stage + row * D + ((c ^ (row & 7)) << 3)), src, ok ? 16 : 0);
+    for (int r = 0; r < RPW; ++r) {
+        const int row = warp * RPW + r;
+        const bool ok = t0 + row < t_hi;
+        const f16* src = xw + (long long)(ok ? t0 + row : t0) * s_xt + lane * 8;
+        const u32 dst = stage + row * (D * 2) + ((lane ^ (row & 7)) << 4);  // chunk c at (c ^ row % 8)
+#pragma unroll
+        for (int j = 0; j < CPL; ++j)
+            if (CH % 32 == 0 || lane + 32 * j < CH) cp_async16(dst + j * 512, src + j * 256, ok ? 16 : 0);
     }
 }
 
@@ -91,18 +100,17 @@ __device__ __forceinline__ void load_tile(f16* stage, const f16* xw, long long s
 // Grid (B * groups, splits); group g of a row takes query rows g * HG ... (g + 1) * HG - 1 (HG <= NT * 8).
 // normalize: out fp16 [B, HQ, D] (s_ob, s_oh); else out fp32 [B, splits, HQ, D] (s_ob, s_os, s_oh) with
 // m (natural units) and l at [b * s_mb + split * HQ + head] for the merge of the spans.
-template <int D, int BT, int NT, int STAGES, int WARPS, int LATE>
-__global__ void __launch_bounds__(WARPS * 32, 1)
+template <int D, int BT, int NT, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
 absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* __restrict__ windows,
              void* __restrict__ out, float* __restrict__ m_out, float* __restrict__ l_out,
              int T, int span, int HQ, int HG, int groups, int s_qb, int s_qh, int s_xw, int s_xt,
              int s_ob, int s_os, int s_oh, int s_mb, int has_windows, int normalize) {
-    constexpr int THREADS = WARPS * 32;
     constexpr int DW = D / WARPS;  // a warp's slice of the width
-    constexpr int RW = (NMAX + WARPS - 1) / WARPS;  // query rows a warp owns in the softmax
-    static_assert(DW % 16 == 0, "a warp's slice of the width is a multiple of 16");
     constexpr int KS = DW / 16;    // its k16 steps (scores) and m16 tiles (z)
     constexpr int MT = BT / 16;    // m16 tiles of positions (scores), k16 steps (z)
+    constexpr int RW = NMAX / WARPS;  // query rows a warp owns in the softmax
+    static_assert(DW % 16 == 0 && NMAX % WARPS == 0, "a warp's slice of the width is a multiple of 16");
     static_assert(BT == 16 || BT == 32, "a tile is 16 or 32 positions");
     extern __shared__ __align__(128) unsigned char smem[];
     f16* xs = (f16*)smem;                                                      // [STAGES][BT][D]
@@ -110,6 +118,7 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
     f16* ps = (f16*)(red + WARPS * BT * RSTRIDE);                              // [NMAX][PSTRIDE]
     float* alpha_s = (float*)(ps + NMAX * PSTRIDE);                            // [NMAX]
     float* l_s = alpha_s + NMAX;                                               // [NMAX]
+    const u32 xs_u32 = smem_u32(xs);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -143,114 +152,103 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
         for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int j = 0; j < 4; ++j) acc[i][n][j] = 0.f;
-    float m_run[RW], l_run[RW];  // the softmax state of query rows warp * RW + j (held by every lane)
+    // The softmax state of query rows warp * RW + j (held by every lane). Rows past NT * 8 are computed
+    // from partial scores never written and never used: no branch, so the shuffles stay warp-uniform.
+    float m_run[RW], l_run[RW];
 #pragma unroll
     for (int j = 0; j < RW; ++j) {
         m_run[j] = -__int_as_float(0x7f800000);
         l_run[j] = 0.f;
     }
+    // Per-lane parts of the ldmatrix addresses: scores read rows mt * 16 + lane % 16 at chunk base + 2k +
+    // lane / 16; z reads rows kk * 16 + lane % 8 + 8 (lane / 16) at chunk base + 2 ms + (lane / 8) % 2.
+    // Every row's swizzle is lane % 8.
+    const int sw = lane & 7;
+    const u32 a_row = (lane & 15) * (D * 2), t_row = ((lane & 7) + ((lane >> 4) << 3)) * (D * 2);
+    const int a_chunk = warp * DW / 8 + (lane >> 4), t_chunk = warp * DW / 8 + ((lane >> 3) & 1);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) load_tile<D, BT, THREADS>(xs + s * BT * D, xw, s_xt, t_lo + s * BT, t_hi);
+        if (s < ntiles) load_tile<D, BT>(xs_u32 + s * BT * D * 2, xw, s_xt, t_lo + s * BT, t_hi, warp, lane);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int i = 0; i < ntiles; ++i) {
-        // LATE: the next tile's loads go out after the barrier that says every warp is done with the stage
-        // they overwrite (tile i - 1's), so no barrier ends the iteration (three a tile, not four); its
-        // partial scores and P are rewritten only after later barriers.
         const int ahead = i + STAGES - 1;
-        if (!LATE) {
-            if (ahead < ntiles) load_tile<D, BT, THREADS>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
-            asm volatile("cp.async.commit_group;\n" ::);
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
-        } else {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-        }
+        if (ahead < ntiles)
+            load_tile<D, BT>(xs_u32 + (ahead % STAGES) * BT * D * 2, xw, s_xt, t_lo + ahead * BT, t_hi, warp, lane);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
         __syncthreads();
-        if (LATE) {
-            if (ahead < ntiles) load_tile<D, BT, THREADS>(xs + (ahead % STAGES) * BT * D, xw, s_xt, t_lo + ahead * BT, t_hi);
-            asm volatile("cp.async.commit_group;\n" ::);
-        }
-        const f16* tile = xs + (i % STAGES) * BT * D;
+        const u32 tile = xs_u32 + (i % STAGES) * BT * D * 2;
         const int t0 = t_lo + i * BT;
 
-        // Partial scores over this warp's slice of the width: [BT positions, NT * 8 rows], MG m16 tiles of
-        // positions a pass (16 warps: one, to stay within 128 registers a thread).
-        constexpr int MG = WARPS > 8 ? 1 : MT;
+        // Partial scores over this warp's slice of the width: [BT positions, NT * 8 rows].
+        float sc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) sc[mt][n][j] = 0.f;
+#pragma unroll
+        for (int k = 0; k < KS; ++k) {
+            const u32 col = ((a_chunk + 2 * k) ^ sw) << 4;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                u32 a[4];
+                ldm_x4(tile + mt * 16 * (D * 2) + a_row + col, a);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) mma16816(sc[mt][n], a, qf[n][k][0], qf[n][k][1]);
+            }
+        }
         float* my_red = red + warp * BT * RSTRIDE;
 #pragma unroll
-        for (int m0 = 0; m0 < MT; m0 += MG) {
-            float sc[MG][NT][4];
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int mi = 0; mi < MG; ++mi)
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) sc[mi][n][j] = 0.f;
-#pragma unroll
-            for (int k = 0; k < KS; ++k) {
-                const int chunk = (warp * DW + k * 16) / 8 + (lane >> 4);
-#pragma unroll
-                for (int mi = 0; mi < MG; ++mi) {
-                    const int row = (m0 + mi) * 16 + (lane & 15);
-                    u32 a[4];
-                    ldm_x4(smem_u32(tile + row * D + ((chunk ^ (row & 7)) << 3)), a);
-#pragma unroll
-                    for (int n = 0; n < NT; ++n) mma16816(sc[mi][n], a, qf[n][k][0], qf[n][k][1]);
-                }
+            for (int n = 0; n < NT; ++n) {
+                const int p = mt * 16 + g8, h = n * 8 + 2 * t4;
+                my_red[p * RSTRIDE + h] = sc[mt][n][0];
+                my_red[p * RSTRIDE + h + 1] = sc[mt][n][1];
+                my_red[(p + 8) * RSTRIDE + h] = sc[mt][n][2];
+                my_red[(p + 8) * RSTRIDE + h + 1] = sc[mt][n][3];
             }
-#pragma unroll
-            for (int mi = 0; mi < MG; ++mi)
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    const int p = (m0 + mi) * 16 + g8, h = n * 8 + 2 * t4;
-                    my_red[p * RSTRIDE + h] = sc[mi][n][0];
-                    my_red[p * RSTRIDE + h + 1] = sc[mi][n][1];
-                    my_red[(p + 8) * RSTRIDE + h] = sc[mi][n][2];
-                    my_red[(p + 8) * RSTRIDE + h + 1] = sc[mi][n][3];
-                }
-        }
         __syncthreads();
 
         // Online softmax: warp w owns query rows RW w .. RW w + RW - 1, a lane one position (lanes past BT none).
-        const bool valid = lane < BT && t0 + lane < t_hi;
+        const bool valid = (BT == 32 || lane < BT) && t0 + lane < t_hi;
 #pragma unroll
         for (int j = 0; j < RW; ++j) {
             const int h = warp * RW + j;
-            if (h < NT * 8) {
-                float s = 0.f;
+            float s = 0.f;
+            if (BT == 32 || lane < BT)
 #pragma unroll
-                if (lane < BT)
-                    for (int v = 0; v < WARPS; ++v) s += red[(v * BT + lane) * RSTRIDE + h];
-                s = valid ? s * LOG2E : -__int_as_float(0x7f800000);
-                const float m_new = fmaxf(m_run[j], warp_max(s));
-                const float alpha = ex2(m_run[j] - m_new);
-                const float p = ex2(s - m_new);
-                l_run[j] = l_run[j] * alpha + warp_sum(p);
-                m_run[j] = m_new;
-                if (lane < BT) ps[h * PSTRIDE + lane] = to_f16(p);
-                if (lane == 0) alpha_s[h] = alpha;
-            }
+                for (int v = 0; v < WARPS; ++v) s += red[(v * BT + lane) * RSTRIDE + h];
+            s = valid ? s * LOG2E : -__int_as_float(0x7f800000);
+            const float m_new = fmaxf(m_run[j], warp_max(s));
+            const float alpha = ex2(m_run[j] - m_new);
+            const float p = ex2(s - m_new);
+            l_run[j] = l_run[j] * alpha + warp_sum(p);
+            m_run[j] = m_new;
+            if (BT == 32 || lane < BT) ps[h * PSTRIDE + lane] = to_f16(p);
+            if (lane == 0) alpha_s[h] = alpha;
         }
         __syncthreads();
 
-        // z^T += X_tile^T . P over this warp's rows of the width.
-        float al[NT][2];
+        // z^T += X_tile^T . P over this warp's rows of the width, rescaled first where a row's maximum rose
+        // (after the first tiles it seldom does: most tiles skip the rescale).
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            al[n][0] = alpha_s[n * 8 + 2 * t4];
-            al[n][1] = alpha_s[n * 8 + 2 * t4 + 1];
-        }
+            const float a0 = alpha_s[n * 8 + 2 * t4], a1 = alpha_s[n * 8 + 2 * t4 + 1];
+            if (a0 != 1.f || a1 != 1.f) {
 #pragma unroll
-        for (int ms = 0; ms < KS; ++ms)
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                acc[ms][n][0] *= al[n][0];
-                acc[ms][n][1] *= al[n][1];
-                acc[ms][n][2] *= al[n][0];
-                acc[ms][n][3] *= al[n][1];
+                for (int ms = 0; ms < KS; ++ms) {
+                    acc[ms][n][0] *= a0;
+                    acc[ms][n][1] *= a1;
+                    acc[ms][n][2] *= a0;
+                    acc[ms][n][3] *= a1;
+                }
             }
+        }
 #pragma unroll
         for (int kk = 0; kk < MT; ++kk) {
             u32 pb[NT][2];
@@ -260,18 +258,15 @@ absorbed_mma(const f16* __restrict__ qa, const f16* __restrict__ x, const int* _
                 pb[n][0] = *(const u32*)pr;
                 pb[n][1] = *(const u32*)(pr + 8);
             }
-            const int mi = lane >> 3;
-            const int row = kk * 16 + (lane & 7) + ((mi >> 1) << 3);
 #pragma unroll
             for (int ms = 0; ms < KS; ++ms) {
-                const int chunk = (warp * DW + ms * 16) / 8 + (mi & 1);
                 u32 a[4];
-                ldm_x4_trans(smem_u32(tile + row * D + ((chunk ^ (row & 7)) << 3)), a);
+                ldm_x4_trans(tile + kk * 16 * (D * 2) + t_row + (((t_chunk + 2 * ms) ^ sw) << 4), a);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) mma16816(acc[ms][n], a, pb[n][0], pb[n][1]);
             }
         }
-        if (!LATE) __syncthreads();  // the stage, the partial scores and P are rewritten next
+        __syncthreads();  // the stage, the partial scores and P are rewritten next
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 
@@ -354,14 +349,13 @@ __global__ void absorbed_merge(const float* __restrict__ part, const float* __re
 }
 
 #ifdef ABSORBED_MMA_INSTANTIATE  // nvcc checks (registers, spills): nvcc -DABSORBED_MMA_INSTANTIATE -cubin
-#define INSTANCE(D, BT, NT, S, W, L)                                                                                \
-    template __global__ void absorbed_mma<D, BT, NT, S, W, L>(const f16*, const f16*, const int*, void*, float*,  \
-                                                              float*, int, int, int, int, int, int, int, int,     \
-                                                              int, int, int, int, int, int, int);
-INSTANCE(1280, 32, 3, 2, 8, 0)
-INSTANCE(1280, 32, 3, 2, 8, 1)
-INSTANCE(1280, 32, 3, 2, 16, 0)
-INSTANCE(1280, 16, 3, 5, 8, 1)
-INSTANCE(384, 32, 3, 3, 8, 1)
-INSTANCE(1024, 32, 2, 3, 16, 0)
+#define INSTANCE(D, BT, NT, S)                                                                                      \
+    template __global__ void absorbed_mma<D, BT, NT, S>(const f16*, const f16*, const int*, void*, float*, float*, \
+                                                        int, int, int, int, int, int, int, int, int, int, int, int, \
+                                                        int, int, int);
+INSTANCE(1280, 32, 3, 2)
+INSTANCE(1280, 16, 3, 5)
+INSTANCE(384, 32, 3, 3)
+INSTANCE(384, 32, 1, 3)
+INSTANCE(1024, 32, 2, 3)
 #endif

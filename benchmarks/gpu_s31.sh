@@ -57,8 +57,9 @@ engine() {  # engine TILE BATCHES HF_BATCHES OUTNAME
 t=$SECONDS
 engine "$best" "${BATCHES:-1,16,128,256}" "${HF_BATCHES-128}" bench_engine_s31_tile.json
 echo "engine $((SECONDS - t)) s"
-if (( $(left) > 60 )) && command -v ncu >/dev/null; then
-  timeout $(cap 40 5) ncu --kernel-name regex:absorbed_mma --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+if (( $(left) > 60 )) && [ -n "$NCU" ]; then
+  timeout $(cap 40 5) $NCU --kernel-name regex:absorbed_mma --launch-skip 2 --launch-count 1 --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
     python3 benchmarks/ncu_absorbed.py --rows 128 > "$OUT/ncu_128.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Issued Ipc|Eligible Warps|Issued Instructions  |highest-utilized" "$OUT/ncu_128.txt"

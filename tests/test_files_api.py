@@ -16,7 +16,7 @@ import openai
 import pytest
 from whisper_normalizer.english import EnglishTextNormalizer
 
-from streamer.audio.decode import write_wav
+from streamer.audio.decode import decode_audio, write_wav
 from streamer.config import ModelConfig, load_settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
@@ -184,6 +184,22 @@ def test_long_recording(client, audio_dir, manifest):
     assert wer(row["text"], r.text) < 0.08
     assert all(a.end <= b.start for a, b in zip(r.segments, r.segments[1:]))
     assert r.segments[-1].end > row["duration"] - 10
+
+
+def test_a_quiet_long_upload_keeps_its_first_words(client, audio_dir, jfk_path, tmp_path):
+    """A 40-s upload at a -44 dBFS peak (Kennedy, a pause, a prompt): past 30 s only what the VAD
+    hears is decoded, and it heard Kennedy only from 5.7 s in (the text began "country can do for
+    you"). With the VAD's input gain it is whole."""
+    prompt = decode_audio(str(audio_dir / "en/asterisk/conf-getpin.ogg"))
+    parts = [np.zeros(8000, np.float32), decode_audio(jfk_path), np.zeros(24 * 16000, np.float32), prompt]
+    audio = np.concatenate(parts)
+    path = tmp_path / "quiet.wav"
+    write_wav(path, audio * (10 ** (-44 / 20) / np.abs(audio).max()))
+    with open(path, "rb") as f:
+        text = client.audio.transcriptions.create(file=f, model="tiny.en").text
+    words = normalize(text).split()
+    assert words[:2] == ["and", "so"] and "please enter" in normalize(text), text
+    assert wer(JFK + " Please enter the conference PIN number.", text) < 0.2, text
 
 
 def test_silence_gives_an_empty_transcript(client, tmp_path):

@@ -103,6 +103,20 @@ def test_word_timestamps(client, jfk):
     assert r.segments is None  # only the granularity asked for
 
 
+def test_a_truncated_file_has_no_zero_length_segment(client, jfk_path, tmp_path):
+    """A WAV cut off mid-word (its header still claims all 11 s): the words at the very end align
+    to one instant, and a segment narrowed to its words came out as 8.0-8.0 ("ask what you
+    want."). A segment keeps Whisper's timestamps when its words span no time."""
+    path = tmp_path / "jfk.wav"
+    write_wav(path, decode_audio(jfk_path))
+    data = path.read_bytes()[: 44 + 2 * int(8.8 * 16000)]
+    r = client.audio.transcriptions.create(file=("cut.wav", data), model="tiny.en", response_format="verbose_json",
+                                           timestamp_granularities=["word", "segment"])
+    assert r.duration == pytest.approx(8.8, abs=0.01) and len(r.segments) >= 2
+    assert all(0 <= s.start < s.end <= r.duration for s in r.segments), [(s.start, s.end, s.text) for s in r.segments]
+    assert " ".join(w.word for w in r.words) == r.text
+
+
 def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     events = list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True))
     assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 2

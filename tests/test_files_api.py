@@ -371,6 +371,19 @@ def test_translations_in_every_format(multilingual, spanish, fmt):
     assert {"participants", "conference"} <= words and not {"participantes", "conferencia"} & words, text
 
 
+def test_a_silent_file_on_a_multilingual_model_names_a_language(multilingual, tmp_path):
+    """No speech, so no window is decoded: the language is detected on the audio as openai/whisper
+    does (English on silence) instead of `"language": ""`; a requested one is kept."""
+    path = tmp_path / "silence.wav"
+    write_wav(path, np.zeros(5 * 16000, np.float32))
+    for create, kw, want in ((multilingual.audio.transcriptions.create, {}, "english"),
+                             (multilingual.audio.transcriptions.create, {"language": "de"}, "german"),
+                             (multilingual.audio.translations.create, {}, "english")):
+        with open(path, "rb") as f:
+            r = create(file=f, model="whisper-1", response_format="verbose_json", **kw)
+        assert (r.language, r.text, r.segments) == (want, "", []), (kw, r)
+
+
 def test_multilingual_transcription_keeps_the_language(multilingual, spanish):
     r = multilingual.audio.transcriptions.create(file=spanish, model="base", response_format="verbose_json")
     assert r.language == "spanish" and "conferencia" in r.text.lower()

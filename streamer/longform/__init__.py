@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from streamer.config import LONG_FORM_MODES
-from streamer.engine.request import DecodeOptions
+from streamer.engine.request import MAX_WINDOW_SAMPLES, DecodeOptions
 from streamer.longform.accurate import transcribe_accurate
+from streamer.longform.decode import detect_language
 from streamer.longform.fast import transcribe_fast
 from streamer.longform.transcript import Transcript, TranscriptSegment
 
@@ -38,9 +39,17 @@ async def transcribe_long(engine: Engine, audio: np.ndarray, *, mode: str = "fas
     Audio of 30 s or less is one window in either mode.
     """
     if mode == "fast":
-        return await transcribe_fast(engine, audio, options, word_timestamps=word_timestamps,
-                                     on_progress=on_progress, on_segments=on_segments)
-    if mode == "accurate":
-        return await transcribe_accurate(engine, audio, options, word_timestamps=word_timestamps,
-                                         on_progress=on_progress, on_segments=on_segments)
-    raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        transcript = await transcribe_fast(engine, audio, options, word_timestamps=word_timestamps,
+                                           on_progress=on_progress, on_segments=on_segments)
+    elif mode == "accurate":
+        transcript = await transcribe_accurate(engine, audio, options, word_timestamps=word_timestamps,
+                                               on_progress=on_progress, on_segments=on_segments)
+    else:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if transcript.language is None:
+        # No window was decoded (no speech: the VAD skips silence): the language is detected on the
+        # first 30 s as openai/whisper does on any recording (English on silence), so that a
+        # response always names one (`verbose_json` had `"language": ""`).
+        first = audio[:MAX_WINDOW_SAMPLES]
+        transcript.language = await detect_language(engine, first, options) if len(first) else "en"
+    return transcript

@@ -27,8 +27,11 @@ async def add_word_timestamps(engine, audio: np.ndarray, windows: list[Window], 
             per_segment = words_in_segments(window_timings, spans, offset=window.start / SAMPLE_RATE)
             for seg, words in zip(window.segments, per_segment):
                 seg.words = words
-                if words:  # Whisper's segment timestamps are coarser than the words inside them
-                    seg.start, seg.end = words[0].start, max(words[-1].end, words[0].start)
+                # Whisper's segment timestamps are coarser than the words inside them; but words
+                # that span no time (aligned to one instant where the audio was cut off mid-word)
+                # would make the segment zero-length: it keeps Whisper's times then.
+                if words and words[-1].end > words[0].start:
+                    seg.start, seg.end = words[0].start, words[-1].end
 
 
 async def add_segment_words(engine, audio: np.ndarray, segments: list, *, language: str | None, task: str,

@@ -13,7 +13,8 @@ segmentations, each of which the transport runs as a `Session` with its `Bridge`
     DropOpen(number)                       abandon its open item (`clear`)
     Reconfigure(number, language, prompt, condition_on_previous)   for its next items
     Finish(number)                         deliver its last finals in the background, then
-                                           answer `finished(number)`
+                                           answer `finished(number, timeout_s)` (the finals it
+                                           gave up on fail their items)
 
 The bridges' events come back through `on_event(number, event)`:
 
@@ -225,10 +226,15 @@ class RealtimeProtocol:
         return [Close(1001 if reason == "shutdown" else 1000)]
 
     def abort(self) -> None:
-        """The connection is gone: free the resamplers (the transport closes the bridges)."""
+        """The connection is gone: free the resamplers (the transport closes the bridges); nothing
+        more is sent."""
         self.ended = True
         for seg in self._segs.values():
             seg.resampler.close()
+        self._segs.clear()
+        self._items.clear()
+        self._order.clear()
+        self._completions.clear()
 
     # --- client events ------------------------------------------------------------------------
 
@@ -353,14 +359,25 @@ class RealtimeProtocol:
         self._time_base = seg.offset + seg.time
         return [Feed(seg.number, tail), Finish(seg.number)]
 
-    def finished(self, number: int) -> None:
-        """A `Finish` is done: the segmentation's finals are delivered (or given up)."""
+    def finished(self, number: int, timeout_s: float) -> list[Output]:
+        """A `Finish` is done: the segmentation's finals are delivered, or were given up after
+        `timeout_s`. An item of it that was committed and has no transcription fails now; left
+        waiting, it would hold back every later item's completion (they go out in commit order)."""
         self._segs.pop(number, None)
+        for key in [k for k in self._items if k.segmentation == number]:
+            item = self._items.pop(key)
+            if item.id in self._order and item.id not in self._completions:
+                self._completions[item.id] = [(FAILED, {"item_id": item.id, "content_index": 0, "error": {
+                    "type": "server_error", "code": "transcription_timeout", "param": None,
+                    "message": f"the transcription did not finish within {timeout_s:g} s of the end of its audio"}})]
+        return self._completed_in_order()
 
     # --- the bridges' events ------------------------------------------------------------------
 
     def on_event(self, number: int, event: StreamEvent) -> list[Output]:
-        seg = self._segs[number]
+        seg = self._segs.get(number)
+        if seg is None:  # finished (its late events are given up) or aborted
+            return []
         if isinstance(event, SpeechStarted):
             if seg.manual:
                 return []

@@ -35,7 +35,7 @@ from streamer.protocols.outputs import Audio, Close, Send
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.files import ClientGone, while_connected
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream, to_protocol
+from streamer.server.socket_stream import SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -92,7 +92,7 @@ class DeepgramStream(SocketStream):
             self._channels.close()
             self._outbox.abandon()
             return
-        await self._channels.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+        await self._channels.finish(self._grace if reason == "shutdown" else self._finish_timeout_s)
         self._carry_out(protocol.close(reason))
 
     async def _receive_loop(self) -> str:

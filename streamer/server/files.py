@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import weakref
+from pathlib import Path
 from typing import Awaitable, TypeVar
 from dataclasses import dataclass
 
@@ -109,7 +110,7 @@ async def get_model(request: Request) -> Response:
     try:
         engine = _engine(request)
         name = request.path_params["model"]
-        if name not in _served_names(engine):
+        if not _serves(engine, name):
             raise ApiError(404, f"model {name!r} is not served here; served: {', '.join(_served_names(engine))}",
                            "model_not_found", param="model")
     except ApiError as e:
@@ -346,11 +347,11 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     if model is None:  # as OpenAI: the SDKs always send one
         raise ApiError(400, f"`model` is required; use one of: {', '.join(served)}", "missing_required_parameter",
                        param="model")
-    if model not in served:
+    if not _serves(engine, model):
         raise ApiError(400, f"model {model!r} is not served here; use one of: {', '.join(served)}",
                        "model_not_found", param="model")
     if task == "translate" and not tok.multilingual:
-        raise ApiError(400, f"model {engine.model_name!r} is English-only and cannot translate; "
+        raise ApiError(400, f"model {model_id(engine.model_name)!r} is English-only and cannot translate; "
                             "serve a multilingual model (e.g. `base`) for translations", "unsupported_task", param="model")
     response_format = text("response_format", "json")
     if response_format not in FORMATS:
@@ -386,7 +387,10 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
                        param="multichannel")
     if multichannel == "true" and stream == "true":
         raise ApiError(400, "multichannel does not stream: send stream=false", "invalid_value", param="stream")
-    options = DecodeOptions(task=task, language=_language(text("language"), tok), prompt=text("prompt"),
+    # OpenAI's translations take no `language` (the source language is detected); like any field
+    # an endpoint does not define, it is ignored there, as OpenAI does.
+    language = _language(text("language"), tok) if task == "transcribe" else None
+    options = DecodeOptions(task=task, language=language, prompt=text("prompt"),
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,
@@ -494,8 +498,21 @@ def _shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", "shutting_down", type_="server_error")
 
 
+def model_id(name: str) -> str:
+    """The id a served model goes by: a local checkpoint's directory name, not its path (which
+    tells clients where the server keeps its files); any other name as it is."""
+    path = Path(name).expanduser()
+    return path.name if path.name and path.is_dir() else name
+
+
 def _served_names(engine) -> list[str]:
-    return [engine.model_name, WHISPER_ALIAS]
+    """The ids `/v1/models` lists and errors name."""
+    return [model_id(engine.model_name), WHISPER_ALIAS]
+
+
+def _serves(engine, name: str) -> bool:
+    """A request may name the model by its id, the alias, or the name it was loaded by (a path)."""
+    return name in _served_names(engine) or name == engine.model_name
 
 
 def _model_card(name: str) -> dict:

@@ -26,7 +26,7 @@ from streamer.protocols.validation import ValidationError
 from streamer.server import client_secrets
 from streamer.server.auth import presented_key
 from streamer.server.bridge import Bridge, StreamEvent
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, SocketStream
+from streamer.server.socket_stream import SocketStream
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -84,7 +84,7 @@ class RealtimeStream(SocketStream):
             if reason == "disconnect":
                 self._outbox.abandon()
             return
-        timeout = self._grace if reason == "shutdown" else FINISH_TIMEOUT_S
+        timeout = self._grace if reason == "shutdown" else self._finish_timeout_s
         self._carry_out(self.protocol.end(), finish_timeout=timeout)
         if self._retiring:
             await asyncio.wait(self._retiring, timeout=timeout)
@@ -127,7 +127,7 @@ class RealtimeStream(SocketStream):
                 self._carry_out([self.protocol.error("server_error", "internal_error",
                                                      f"internal error: {type(e).__name__}")])
 
-    def _carry_out(self, outputs: list[Output], finish_timeout: float = FINISH_TIMEOUT_S) -> bool:
+    def _carry_out(self, outputs: list[Output], finish_timeout: float | None = None) -> bool:
         """Do what the protocol answered; True when it closed the connection."""
         for out in outputs:
             if isinstance(out, Send):
@@ -154,7 +154,7 @@ class RealtimeStream(SocketStream):
                 bridge.session.config = dataclasses.replace(bridge.session.config, prompt=out.prompt,
                                                             condition_on_previous=out.condition_on_previous)
             elif isinstance(out, Finish):
-                self._finish(out.number, finish_timeout)
+                self._finish(out.number, self._finish_timeout_s if finish_timeout is None else finish_timeout)
         return False
 
     # --- segmentations ------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ class RealtimeStream(SocketStream):
 
         def done(_) -> None:
             self._bridges.pop(number, None)
-            self.protocol.finished(number)
+            self._carry_out(self.protocol.finished(number, timeout))
 
         task = asyncio.ensure_future(bridge.finish(timeout))
         self._retiring.add(task)

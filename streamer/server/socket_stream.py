@@ -19,10 +19,6 @@ from streamer.server.state import ServerState
 
 log = logging.getLogger("streamer.server")
 
-FINISH_TIMEOUT_S = 60.0
-"""How long a stream that ends waits for the finals still in the engine."""
-
-
 SHUTDOWN_FLUSH_S = 1.0
 """At shutdown, how long a stream's last events and close frame may take to leave."""
 CLOSE_WAIT_S = 5.0
@@ -204,7 +200,7 @@ class SocketStream:
                 finally:
                     self.state.clients.release(address)
         finally:
-            await self._outbox.wait(FINISH_TIMEOUT_S)
+            await self._outbox.wait(server.finish_timeout_s)
 
     async def _admitted(self) -> None:
         if (refusal := self.state.admit(self)) is not None:
@@ -228,6 +224,11 @@ class SocketStream:
         self.stuck = True
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
+
+    @property
+    def _finish_timeout_s(self) -> float:
+        """How long an ending stream waits for its finals still in the engine (`FINISH_TIMEOUT_S`)."""
+        return self.state.settings.server.finish_timeout_s
 
     def _authorized(self) -> bool:
         """The key check on connect (a transport whose client cannot send one checks later)."""

@@ -33,7 +33,7 @@ from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.relay import Peers, pipe, relayed
 from streamer.server.resume import ResumeError
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, SHUTDOWN_FLUSH_S, SocketStream, to_protocol
+from streamer.server.socket_stream import SHUTDOWN_FLUSH_S, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -144,7 +144,7 @@ class NativeStream(SocketStream):
                 self._outbox.abandon()
             return
         if live is not None:
-            await live.channels.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+            await live.channels.finish(self._grace if reason == "shutdown" else self._finish_timeout_s)
             self.state.resume.discard(live.token)
             if self._failed:
                 return

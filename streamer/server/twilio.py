@@ -38,7 +38,7 @@ from streamer.server.auth import authorized, presented_key
 from streamer.server.bridge import Bridge, StreamEvent
 from streamer.server.channels import ChannelStreams
 from streamer.server.relay import Peers, pipe, relayed
-from streamer.server.socket_stream import FINISH_TIMEOUT_S, Outbox, SocketStream, to_protocol
+from streamer.server.socket_stream import Outbox, SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -148,7 +148,7 @@ class TwilioStream(SocketStream):
         reason = "shutdown" if self._receiver.cancelled() else self._receiver.result()
         if self._channels is not None:
             # The call's audio is complete even when Twilio just closed the socket: finish it.
-            await self._channels.finish(self._grace if reason == "shutdown" else FINISH_TIMEOUT_S)
+            await self._channels.finish(self._grace if reason == "shutdown" else self._finish_timeout_s)
         if reason == "disconnect":
             self._outbox.abandon()
         self._carry_out(self._protocol.close(reason))
@@ -240,7 +240,7 @@ async def events_endpoint(ws: WebSocket) -> None:
                                                       presented_key(ws.scope))
             if upstream is not None:
                 outbox.abandon()
-                await outbox.flushed(FINISH_TIMEOUT_S)
+                await outbox.flushed(state.settings.server.finish_timeout_s)
                 await pipe(ws, upstream, drop_first="subscribed",
                            send_timeout_s=state.settings.server.send_timeout_s)
                 return
@@ -248,7 +248,7 @@ async def events_endpoint(ws: WebSocket) -> None:
                          "message": f"gateway worker {owner}, which holds the call, does not answer"})
             outbox.send({"type": "closed", "reason": "error"})
             outbox.close(1011)
-    await outbox.wait(FINISH_TIMEOUT_S)
+    await outbox.wait(state.settings.server.finish_timeout_s)
 
 
 async def _follow(ws: WebSocket, state: ServerState, key: str, outbox: Outbox) -> int | None:

@@ -31,7 +31,6 @@ from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, par
 from streamer.protocols.validation import ValidationError, parse_json
 from streamer.server.auth import error_body
 from streamer.server.bridge import StreamEvent
-from streamer.server.socket_stream import FINISH_TIMEOUT_S
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
 
@@ -138,7 +137,7 @@ class WebRtcStream:
             if isinstance(out, Send):
                 self._send(out.message)
             elif isinstance(out, Stop):
-                self._spawn(self._end("stop", FINISH_TIMEOUT_S))
+                self._spawn(self._end("stop", self.state.settings.server.finish_timeout_s))
             elif isinstance(out, Flush):
                 self.bridge.flush()
             elif not isinstance(out, Close):  # (the peer connection closes once the channel has drained)
@@ -166,7 +165,7 @@ class WebRtcStream:
         while not self._ending:
             await asyncio.sleep(min(IDLE_CHECK_S, idle))
             if time.monotonic() - self._last_activity > idle:
-                await self._end("idle_timeout", FINISH_TIMEOUT_S)
+                await self._end("idle_timeout", self.state.settings.server.finish_timeout_s)
                 return
 
     async def _end(self, reason: str, timeout: float) -> None:

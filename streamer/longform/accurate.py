@@ -165,7 +165,10 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         options = dataclasses.replace(options, language=language)
         beams = options.beam_size if options.beam_size > 1 else BEAM_SIZE
         progress = None if on_progress is None else (lambda f: on_progress(min(f, 0.99)))
-        voter = SegmentVote(5, tok.encode, confirm=CONFIRM)
+        # The VAD's speech, for the vote: a long stretch of the backbone's words over speech that
+        # three transcripts sharing a window cut skip (and another writes) is not dropped.
+        voter = SegmentVote(5, tok.encode, confirm=CONFIRM, speech=lambda a, b: speech_seconds(
+            speech, round(a * SAMPLE_RATE), round(b * SAMPLE_RATE)))
         given: list[list] = [[] for _ in range(5)]  # segments of each hypothesis not given to the vote yet
         ends = [0.0] * 5
 

@@ -16,7 +16,8 @@ engine's steps. Longer than one window, five transcripts are decoded side by sid
 single transcript on English, with runaways elsewhere) is the backbone and keeps every phrase another
 transcript confirms; the chain cut by the VAD, the chain without conditioning, and `fast` greedy and
 with 5 beams vote where it stands alone or its length is off (`CONFIRM`). That undoes spellings a
-prompt carried over whole paragraphs and the backbone's runaways. docs/longform.md has the details and
+prompt carried over whole paragraphs and the backbone's runaways; a long stretch of the backbone over
+VAD speech that another transcript also writes is not dropped by the three that share a skip. docs/longform.md has the details and
 measurements.
 """
 

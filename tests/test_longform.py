@@ -451,3 +451,25 @@ def test_accurate_hands_voted_segments_on_as_they_become_final(engine, long_minu
     for prev, cur in zip(streamed, streamed[1:]):
         assert prev[0] <= prev[1] <= cur[0]
     assert all(u <= v for (h, _, u), (k, _, v) in itertools.combinations(given, 2) if h == k)  # each settles forward
+
+
+# --- accurate's vote: a skip that three transcripts share ------------------------------------------------
+
+def test_accurate_keeps_speech_that_three_transcripts_sharing_a_cut_skip(manifest):
+    """base, French: a 22.6-s menu prompt 2.9 s into the recording. The two chains cut at the VAD's
+    onset and `fast` with 5 beams open their first window at 2.9 s, and 5 beams there skip the first
+    three sentences (17 s of speech); the backbone (its window from 0 s) and `fast` greedy write
+    them. The three empty phrases outvoted the two, and `accurate` lost the 17 s
+    (docs/notes/accuracy31.md); the VAD hears speech there and `fast` has the words, so they stay."""
+    rows = {Path(r["audio"]).name: r for r in manifest if "/fr/asterisk/" in r["audio"]}
+    menu = decode_audio(rows["conf-adminmenu-menu8.ogg"]["audio"])
+    after = decode_audio(rows["confbridge-rest-list-vol-out.ogg"]["audio"])
+    s = SAMPLE_RATE
+    audio = np.concatenate([np.zeros(int(2.9 * s), np.float32), menu, np.zeros(int(11.2 * s), np.float32), after])
+    audio += (np.random.default_rng(0).standard_normal(len(audio)) * 0.002).astype(np.float32)
+    engine = Engine(load_model("base"))
+    try:
+        text = asyncio.run(transcribe_long(engine, audio, mode="accurate")).text.lower()
+    finally:
+        engine.close()
+    assert all(w in text for w in ("énumérer", "éjecter", "désactiver le mode", "enregistrer", "quitter")), text

@@ -143,6 +143,27 @@ def test_an_unconfirmed_backbone_phrase_needs_overrule_others_agreeing_to_be_rep
     assert run(unanimous, 4) == "I have a color waiting."
 
 
+def test_a_passage_three_transcripts_skip_over_speech_stays_with_the_backbone():
+    """The backbone and `fast` write 17 s of speech after a pause that `acc`, `unp` and `fast` with
+    5 beams skip (their windows open at the same place; base, French: the first 17 s of speech were
+    lost). Their word count there is 0 against the backbone's 25, so the guard's length check hands
+    the run to the other four, and three empty phrases outvote `fast`. The VAD hears speech there
+    and `fast` has words in the same slots: the backbone's words stay. A loop of the backbone that
+    no one else writes still goes (`test_a_backbone_phrase_no_one_confirms_takes_the_others_vote`),
+    and without speech the skip wins as before."""
+    first = (2.9, 8.0, " Pour énumérer tous les usagers présents dans la conférence, veuillez appuyer sur 1.")
+    rest = [(8.0, 12.0, " Pour éjecter tous les usagers réguliers, appuyez sur 2."),
+            (12.0, 19.9, " Pour activer ou désactiver le mode sourdine de tous les usagers, appuyez sur 3.")]
+    after = [(22.0, 25.5, " Pour enregistrer cette conférence, appuyez sur 4.")]
+    full, skipped = [first] + rest + after, after
+    fast = [first, (8.0, 12.0, " Pour éjecter tous les usagers réguliers appuyez sur deux."), rest[1]] + after
+    hyps = [words_of([t for _, _, t in h], [(a, b) for a, b, _ in h]) for h in (full, skipped, skipped, fast, skipped)]
+    said = " ".join(t.strip() for _, _, t in full)
+    assert " ".join(texts(vote(hyps, confirm=CONFIRM))) == after[0][2].strip()  # what the product did
+    assert " ".join(texts(vote(hyps, confirm=CONFIRM, speech=lambda a, b: b - a))) == said
+    assert " ".join(texts(vote(hyps, confirm=CONFIRM, speech=lambda a, b: 0.0))) == after[0][2].strip()
+
+
 # --- the vote as the transcripts are decoded ---------------------------------------------------------
 
 def simulated(seed: int, words: int = 400) -> list[list[tuple[float, float, str]]]:

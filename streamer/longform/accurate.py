@@ -16,7 +16,8 @@ engine's steps. Longer than one window, five transcripts are decoded side by sid
 single transcript on English, with runaways elsewhere) is the backbone and keeps every phrase another
 transcript confirms; the chain cut by the VAD, the chain without conditioning, and `fast` greedy and
 with 5 beams vote where it stands alone or its length is off (`CONFIRM`). That undoes spellings a
-prompt carried over whole paragraphs and the backbone's runaways. docs/longform.md has the details and
+prompt carried over whole paragraphs and the backbone's runaways; a long stretch of the backbone over
+VAD speech that another transcript also writes is not dropped by the three that share a skip. docs/longform.md has the details and
 measurements.
 """
 
@@ -165,7 +166,10 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
         options = dataclasses.replace(options, language=language)
         beams = options.beam_size if options.beam_size > 1 else BEAM_SIZE
         progress = None if on_progress is None else (lambda f: on_progress(min(f, 0.99)))
-        voter = SegmentVote(5, tok.encode, confirm=CONFIRM)
+        # The VAD's speech, for the vote: a long stretch of the backbone's words over speech that
+        # three transcripts sharing a window cut skip (and another writes) is not dropped.
+        voter = SegmentVote(5, tok.encode, confirm=CONFIRM, speech=lambda a, b: speech_seconds(
+            speech, round(a * SAMPLE_RATE), round(b * SAMPLE_RATE)))
         given: list[list] = [[] for _ in range(5)]  # segments of each hypothesis not given to the vote yet
         ends = [0.0] * 5
 

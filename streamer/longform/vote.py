@@ -264,7 +264,8 @@ class VoteStream:
     hypotheses disagree is decided once a slot where they all agree (or the end) closes it."""
 
     def __init__(self, hypotheses: int, weights: list[float] | None = None, phrases: bool = True,
-                 confirm: tuple[float, float, int] | None = None, overrule: int = 1):
+                 confirm: tuple[float, float, int] | None = None, overrule: int = 1,
+                 speech: Callable[[float, float], float] | None = None, skip: tuple[int, float] = (4, 1.0)):
         self.weights = weights or [1.0] * hypotheses
         self.phrases = phrases
         self.confirm = confirm
@@ -277,6 +278,14 @@ class VoteStream:
         unconfirmed backbone phrase (within the bounds). 1: any vote replaces it (session 18);
         `hypotheses - 1`: only a unanimous opposition does. A phrase out of the bounds is replaced
         whatever the others say."""
+        self.speech = speech
+        """Seconds of speech (by the VAD) between two times (s), or None. With it, the vote never
+        drops a stretch of the backbone's words that the other transcripts skip over speech
+        (`skip`, `_kept_over_speech`)."""
+        self.skip = skip
+        """(MIN words, S seconds): a dropped stretch of at least MIN consecutive backbone words with
+        S seconds of speech or more between its first and last word, and another hypothesis's words
+        in half its slots, is kept (docs/notes/accuracy31.md: chosen on the development files)."""
         self.stages = [_Stage(width) for width in range(1, hypotheses)]
         self.first_segment: int | None = None
         """The backbone segment of its first word: that of words before it."""
@@ -338,6 +347,12 @@ class VoteStream:
         def take(h: int, k: int) -> None:
             out.append(Voted(slots[k][h], h, self.segment[k]))
 
+        def decided(i: int, j: int, picks: dict[int, int]) -> None:  # the run's outcome: slot -> hypothesis
+            if self.speech is not None:
+                picks.update(self._kept_over_speech(i, j, picks))
+            for k in sorted(picks):
+                take(picks[k], k)
+
         i = self.decided
         while i < len(slots):
             j = i
@@ -354,27 +369,58 @@ class VoteStream:
             voters = list(range(len(self.weights)))
             if self.confirm is not None:
                 if self.keeps_backbone(i, j, said):
-                    for k in range(i, j):
-                        if slots[k][0] is not None:
-                            take(0, k)
+                    decided(i, j, {k: 0 for k in range(i, j) if slots[k][0] is not None})
                     i = j
                     continue
                 voters = voters[1:]  # the backbone's phrase stands alone (or deviates): the others decide
             phrase, weight = [said[h] for h in voters], [weights[h] for h in voters]
+            picks: dict[int, int] = {}
             if self.phrases and len(set(phrase)) < len(phrase):
                 h = voters[phrase.index(_winner(phrase, weight))]
-                for k in range(i, j):
-                    if slots[k][h] is not None:
-                        take(h, k)
+                picks = {k: h for k in range(i, j) if slots[k][h] is not None}
             else:
                 for k in range(i, j):
                     keys = [None if slots[k][h] is None else slots[k][h].key for h in voters]
                     key = _winner(keys, weight)
                     if key is not None:
-                        take(voters[keys.index(key)], k)
+                        picks[k] = voters[keys.index(key)]
+            decided(i, j, picks)
             i = j
         self.decided = i
         return out
+
+    def _kept_over_speech(self, i: int, j: int, picks: dict[int, int]) -> dict[int, int]:
+        """The backbone's words of run [i, j) that its outcome `picks` drops but that stay: each
+        stretch of `skip`[0] consecutive dropped backbone words or more (no word picked in between)
+        with `skip`[1] seconds of speech or more between its first and last word, where another
+        hypothesis has words in half its slots or more.
+
+        Why: four of the five transcripts (the two chains cut at the VAD's onsets and both `fast`
+        runs) open windows at the same places, and three of them decode with 5 beams. Where such a
+        window opens before a pause, beam search can skip the sentences after it (faster-whisper
+        does the same on that cut), and three correlated empty phrases outvote the backbone and
+        `fast` greedy, which wrote them (base, French: the first 17 s of speech lost;
+        docs/notes/accuracy31.md). A skip over audio where the VAD hears speech, contradicted by a
+        second transcript, is not a runaway. A runaway or loop of the backbone has no second voice
+        in its slots and still goes."""
+        least, seconds = self.skip
+        slots, kept = self.slots, {}
+        k = i
+        while k < j:
+            if slots[k][0] is None or k in picks:
+                k += 1
+                continue
+            stretch = [k]
+            k += 1
+            while k < j and k not in picks:
+                if slots[k][0] is not None:
+                    stretch.append(k)
+                k += 1
+            voice = max(sum(slots[q][h] is not None for q in stretch) for h in range(1, len(self.weights)))
+            if (len(stretch) >= least and 2 * voice >= len(stretch)
+                    and self.speech(slots[stretch[0]][0].time, slots[stretch[-1]][0].time) >= seconds):
+                kept.update((q, 0) for q in stretch)
+        return kept
 
     def keeps_backbone(self, i: int, j: int, said: list[str]) -> bool:
         """With `confirm`: whether the disputed run of slots [i, j) keeps the backbone's phrase
@@ -404,7 +450,7 @@ def align(hypotheses: list[list[VoteWord]]) -> list[Slot]:
 
 
 def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, phrases: bool = True,
-         confirm: tuple[float, float, int] | None = None) -> list[Voted]:
+         confirm: tuple[float, float, int] | None = None, speech: Callable[[float, float], float] | None = None) -> list[Voted]:
     """The majority words, in order. Per slot the form (or the absence of a word) with the most
     weight (`weights`, one per hypothesis, 1 each by default) wins, written as the first
     hypothesis that has it wrote it; a tie goes to the form of the first hypothesis, the backbone.
@@ -417,8 +463,10 @@ def vote(hypotheses: list[list[VoteWord]], weights: list[float] | None = None, p
     is voted on word by word. A phrase that differs from the backbone's by spacing only keeps the
     backbone's words. With `confirm`, the backbone's phrase in a disputed run stands when another
     hypothesis says it too (and its length there is not off, `VoteStream.confirm`); otherwise the
-    other hypotheses vote on the run as above."""
-    stream = VoteStream(len(hypotheses), weights, phrases, confirm)
+    other hypotheses vote on the run as above. With `speech` (seconds of VAD speech between two
+    times), a long stretch of backbone words that the outcome drops over speech, with no other word
+    there, is kept (`VoteStream._kept_over_speech`)."""
+    stream = VoteStream(len(hypotheses), weights, phrases, confirm, speech=speech)
     return [v for h, words in enumerate(hypotheses) for v in stream.add(h, words)]
 
 
@@ -428,8 +476,9 @@ class SegmentVote:
     rewritten, once no later piece can change it. Pure: the segments handed back, in order, are
     those `revise` gives on the whole transcripts."""
 
-    def __init__(self, hypotheses: int, encode: Callable[[str], list[int]], confirm: tuple[float, float, int] | None = None):
-        self.stream = VoteStream(hypotheses, confirm=confirm)
+    def __init__(self, hypotheses: int, encode: Callable[[str], list[int]], confirm: tuple[float, float, int] | None = None,
+                 speech: Callable[[float, float], float] | None = None):
+        self.stream = VoteStream(hypotheses, confirm=confirm, speech=speech)
         self.encode = encode
         self.given = [0] * hypotheses
         """Segments given per hypothesis: the index of the next one."""

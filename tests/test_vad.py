@@ -294,3 +294,26 @@ def test_manual_segmenter_leaves_the_cutting_to_the_client(vad, long_audio):
     assert kinds[:4] == ["start", "end", "start", "end"] and manual[0].sample == 0 and manual[1].sample == flushes[103]
     assert kinds.count("cut") >= 2  # 27.7 s between two flushes, then 58 s: cut at 20 s at the latest
     assert all(b.sample - a.sample <= 20 * 16000 for a, b in zip(manual, manual[1:]) if a.kind != "end")
+
+
+def test_a_background_voice_in_a_loud_calls_pause_is_not_raised_into_speech(vad, audio_dir, monkeypatch):
+    """silero-vad hears a voice down to a ~-65 dBFS peak unaided (its onset late); one at -70 dBFS, 20 s
+    into the pause of a loud talker (a TV across the room), it does not, and the slow level
+    (`HELD_FRACTION` of a peak decaying by half a minute) holds the gain near 0 dB there, so it stays
+    background. Following only the 2-s level the gain reached +30 dB and the VAD cut it as speech
+    (Whisper then transcribes, or hallucinates on, it). The same voice in a stream that was never
+    loud is raised, and is speech."""
+    from streamer.audio import vad as vad_module
+
+    loud = at_peak(decode(audio_dir / "en/jfk.ogg"), -1.0)
+    voice = at_peak(decode(audio_dir / "en/asterisk/conf-getpin.ogg"), -70.0)
+    pause = np.zeros(16000 * 20, np.float32)
+    audio = np.concatenate([loud, pause, voice])
+    after = len(loud) + len(pause) // 2
+
+    def late(segments):
+        return [s for s in segments if s[1] > after]
+    assert late(speech_segments(audio, VADConfig(), vad)) == []
+    assert late(speech_segments(np.concatenate([np.zeros_like(loud), pause, voice]), VADConfig(), vad))
+    monkeypatch.setattr(vad_module, "HELD_FRACTION", 0.0)
+    assert late(speech_segments(audio, VADConfig(), vad))  # what the 2-s level alone did

@@ -69,6 +69,16 @@ seconds: the gain stays put across pauses between words and sentences (a stream 
 needs about 5 s of silence before any gain), and a loud frame lowers it at once."""
 LEVEL_DECAY = 0.5 ** (FRAME / SAMPLE_RATE / LEVEL_HALF_LIFE_S)
 """Per-frame factor of that decay."""
+HELD_HALF_LIFE_S = 60.0
+"""A second, slow level (the loudest frame, decaying by half a minute) holds the gain down after a
+stream was loud: the level the gain follows is at least `HELD_FRACTION` of it. A stream quiet from
+its start is raised as before; in the pauses of a loud call (and on hold) background voices and
+noise are raised by a few dB in its first minute of silence, not +30 dB (silero hears a voice down
+to a ~-65 dBFS peak unaided: +30 dB would make speech of fainter ones, and Whisper's
+hallucinations on them; tests/test_vad.py)."""
+HELD_DECAY = 0.5 ** (FRAME / SAMPLE_RATE / HELD_HALF_LIFE_S)
+HELD_FRACTION = 0.1
+"""-20 dB: the gain's level is at least this much of the slow one."""
 
 CUT_SEARCH_S = 4.0
 """A max-length cut looks for the quietest point within this many last seconds."""
@@ -93,6 +103,8 @@ class VADState:
     """Frames scored so far; frame i covers samples [i * FRAME, (i + 1) * FRAME)."""
     level: float = 0.0
     """Decaying peak of the frames' RMS (`LEVEL_HALF_LIFE_S`), which sets the input gain."""
+    held: float = 0.0
+    """The same with `HELD_HALF_LIFE_S`, which bounds the gain after a loud stretch."""
 
 
 def _packaged_model(name: str = MODEL_FILE) -> str:
@@ -218,15 +230,17 @@ def _take_rows(state: VADState, audio16k: np.ndarray, max_gain: float) -> np.nda
 
 def _gains(state: VADState, rms: np.ndarray, max_gain: float) -> np.ndarray:
     """Per frame, the gain that raises the stream's recent level (the decaying peak of the frame
-    RMS, this frame's included) to LEVEL_TARGET, between 1 and `max_gain`; advances `state.level`.
-    A gain of the VAD's input only: what is transcribed is the audio as sent. It depends on the
-    frames up to each one only, so any chunking of a stream gives the same probabilities."""
+    RMS, this frame's included, but at least `HELD_FRACTION` of the slowly decaying one) to
+    LEVEL_TARGET, between 1 and `max_gain`; advances `state.level` and `state.held`. A gain of the
+    VAD's input only: what is transcribed is the audio as sent. It depends on the frames up to each
+    one only, so any chunking of a stream gives the same probabilities."""
     levels = np.empty(len(rms), dtype=np.float64)
-    level = state.level
+    level, held = state.level, state.held
     for i, r in enumerate(rms.tolist()):
         level = max(r, level * LEVEL_DECAY)
-        levels[i] = level
-    state.level = level
+        held = max(r, held * HELD_DECAY)
+        levels[i] = max(level, held * HELD_FRACTION)
+    state.level, state.held = level, held
     return np.clip(LEVEL_TARGET / np.maximum(levels, 1e-12), 1.0, max_gain).astype(np.float32)
 
 

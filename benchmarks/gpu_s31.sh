@@ -6,7 +6,7 @@
 # 2. probe_absorbed.py --rows 128,256 --tiles TILES: the kernel alone per tile; the fastest (summed over the
 #    rows) becomes STREAMER_ABSORBED_TILE for
 # 3. bench_engine, large-v3 shape, full_fp16 (the hybrid cross cache), BATCHES and transformers at HF_BATCHES,
-#    against every recorded bench_engine*_h200.json (--baseline);
+#    against the last recorded runs on the same kind of card (--baseline);
 # 4. Nsight Compute's view of the kernel at 128 rows (benchmarks/ncu_absorbed.py), if time is left.
 # Env: TILES (32x2,16x5,16x3), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
@@ -43,9 +43,12 @@ print(min(full, key=total.get) if full else "")
 PY
 )
 echo "fastest tile: ${best:-none (the default)}"
-baselines=""
-for f in benchmarks/results/bench_engine*_h200.json benchmarks/results/s30_h200/bench_engine*.json; do
-  baselines="$baselines --baseline ../$f"; done
+baselines=""  # the last recorded runs on this kind of card (an H200's against an H100's would flag the card)
+case $name in
+  *H200*) files="benchmarks/results/bench_engine*_h200.json benchmarks/results/s30_h200/bench_engine*.json" ;;
+  *) files="benchmarks/results/s28_h100/bench_engine*_h100.json benchmarks/results/s31_h100/call15_bench_engine*.json" ;;
+esac
+for f in $files; do [ -e "$f" ] && baselines="$baselines --baseline ../$f"; done
 engine() {  # engine TILE BATCHES HF_BATCHES OUTNAME
   (cd benchmarks && STREAMER_ABSORBED_TILE=$1 BENCH_RESULTS_DIR="$OUT" timeout $(cap 260 10) python3 bench_engine.py \
     --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --shapes large-v3 \

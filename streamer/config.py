@@ -10,6 +10,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 LONG_FORM_MODES = ("fast", "accurate")
@@ -458,3 +459,11 @@ def check_settings(settings: Settings) -> None:
         raise v.ValidationError("SSL_KEYFILE" if server.ssl_certfile else "SSL_CERTFILE",
                                 "SSL_CERTFILE and SSL_KEYFILE go together")
     parse_ice_servers(server.webrtc_ice_servers)
+
+
+def model_id(name: str) -> str:
+    """The id a served model goes by on every API (`/v1/models`, the file API, Realtime sessions,
+    `/v1/stream`'s `ready`, Deepgram's metadata, `/health`): a local checkpoint's directory name, not
+    its path (which tells clients where the server keeps its files); any other name as it is."""
+    path = Path(name).expanduser()
+    return path.name if path.name and path.is_dir() else name

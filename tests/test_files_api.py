@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
@@ -296,6 +297,22 @@ def test_a_local_checkpoint_goes_by_its_directory_name(jfk, tmp_path):
                 assert wer(JFK, client.audio.transcriptions.create(file=jfk, model=name).text) < 0.15, name
             status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny"))
             assert status == 400 and "whisper-tiny-local" in body["message"] and str(tmp_path) not in body["message"]
+            # ... and on the other surfaces: /health, /v1/stream's `ready`, the Realtime session
+            with urllib.request.urlopen(base + "/health") as r:
+                assert json.loads(r.read())["model"] == "whisper-tiny-local"
+
+            async def live() -> tuple[dict, dict]:
+                import websockets
+
+                async with websockets.connect(base.replace("http", "ws") + "/v1/stream") as ws:
+                    await ws.send(json.dumps({"type": "start"}))
+                    ready = json.loads(await ws.recv())
+                async with websockets.connect(base.replace("http", "ws") + "/v1/realtime?intent=transcription") as ws:
+                    created = json.loads(await ws.recv())
+                return ready, created
+            ready, created = asyncio.run(live())
+            assert ready["model"] == "whisper-tiny-local", ready
+            assert str(tmp_path) not in json.dumps(created) and "whisper-tiny-local" in json.dumps(created), created
     finally:
         local.close()
 

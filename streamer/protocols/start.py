@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from streamer.audio.decode import PCM_DTYPES
-from streamer.config import StreamingConfig, VADConfig
+from streamer.config import StreamingConfig, VADConfig, model_id
 from streamer.protocols import validation as v
 from streamer.protocols.validation import ValidationError, show
 
@@ -179,7 +179,7 @@ class ModelInfo:
     def of(cls, engine) -> "ModelInfo":
         """Of an `Engine` or `EngineClient`."""
         tokenizer = engine.tokenizer
-        return cls(engine.model_name, tokenizer.multilingual, frozenset(tokenizer.language_tokens),
+        return cls(model_id(engine.model_name), tokenizer.multilingual, frozenset(tokenizer.language_tokens),
                    tokenizer.token_bytes)
 
     def decoder_language(self, language: str | None) -> str | None:

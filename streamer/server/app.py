@@ -28,7 +28,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from streamer.audio.vad import SileroVAD
-from streamer.config import Settings, parse_ice_servers
+from streamer.config import Settings, model_id, parse_ice_servers
 from streamer.server import client_secrets, deepgram, files, realtime, redact, twilio
 from streamer.server.accept import SharedAcceptor
 from streamer.server.auth import AuthMiddleware, error_body
@@ -68,7 +68,7 @@ async def health(request: Request) -> JSONResponse:
         status = "loading" if engine is None else "engine_down"
     body = {
         "status": status,
-        "model": engine.model_name if engine is not None else None,
+        "model": model_id(engine.model_name) if engine is not None else None,
         "device": engine.device if engine is not None else None,
         "sessions": len(state.sessions),
         "gateway_pid": os.getpid(),

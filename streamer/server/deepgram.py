@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 
 from streamer.audio import SAMPLE_RATE
 from streamer.audio.decode import AudioDecodeError, AudioTooLarge, StreamResampler, pcm_dtype
+from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
@@ -70,7 +71,7 @@ class DeepgramStream(SocketStream):
             self._send(e.message_event())
             self._outbox.close(1008)
             return
-        protocol = self._protocol = ListenProtocol(options, self.state.engine.model_name,
+        protocol = self._protocol = ListenProtocol(options, model_id(self.state.engine.model_name),
                                                    self.state.settings.server.max_message_bytes)
 
         def make_bridge(channel: int | None) -> Bridge:
@@ -208,4 +209,4 @@ async def listen_file(request: Request) -> JSONResponse:
     duration = audio.shape[1] / SAMPLE_RATE
     state.metrics.observe_file(duration * len(transcripts), time.monotonic() - started)
     body_digest = hashlib.sha256(body).hexdigest()
-    return JSONResponse(file_response(transcripts, options, engine.model_name, request_id, duration, body_digest))
+    return JSONResponse(file_response(transcripts, options, model_id(engine.model_name), request_id, duration, body_digest))

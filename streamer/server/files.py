@@ -16,7 +16,6 @@ import json
 import logging
 import time
 import weakref
-from pathlib import Path
 from typing import Awaitable, TypeVar
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from streamer.audio.decode import AudioDecodeError, AudioTooLarge
+from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
@@ -496,13 +496,6 @@ def _unavailable(e: Exception) -> ApiError:
 
 def _shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", "shutting_down", type_="server_error")
-
-
-def model_id(name: str) -> str:
-    """The id a served model goes by: a local checkpoint's directory name, not its path (which
-    tells clients where the server keeps its files); any other name as it is."""
-    path = Path(name).expanduser()
-    return path.name if path.name and path.is_dir() else name
 
 
 def _served_names(engine) -> list[str]:

@@ -32,6 +32,7 @@ from urllib.parse import quote
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
+from streamer.config import model_id
 from streamer.protocols.outputs import Close, Send
 from streamer.protocols.twilio import RATE, TRACKS, Media, Output, Start, Stop, TwilioProtocol
 from streamer.server.auth import authorized, presented_key
@@ -183,7 +184,7 @@ class TwilioStream(SocketStream):
             elif isinstance(out, Start):
                 if not self._on_start(out):
                     return "error"
-                self._carry_out(self._protocol.started(self.state.engine.model_name))
+                self._carry_out(self._protocol.started(model_id(self.state.engine.model_name)))
             elif isinstance(out, Stop):
                 return "stop"
         return None

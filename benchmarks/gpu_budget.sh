@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts: the call's time budget, and gpu_facts. Needs START (=$SECONDS at the start) and
-# BUDGET (seconds for the whole call) set before it is sourced.
+# BUDGET (seconds for the whole call) set before its functions run (`gpu_begin` sets both).
 left() { echo $(( BUDGET - (SECONDS - START) )); }
 cap() {  # cap WANT RESERVE: WANT seconds, or what is left after RESERVE for the later stages
   local l=$(( $(left) - $2 ))
@@ -13,4 +13,10 @@ gpu_facts() {  # the card, driver, clocks and versions into the log; sets name (
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   card=$(echo "$name" | grep -o 'H[0-9]00' | tr 'H' 'h')
+}
+gpu_begin() {  # gpu_begin DEFAULT_BUDGET_S: START, BUDGET (BUDGET_S or the default), the environment, the card
+  START=$SECONDS
+  BUDGET=${BUDGET_S:-$1}
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
+  gpu_facts
 }

@@ -14,11 +14,8 @@
 # 3. probe_absorbed.py at PROBE_ROWS (one layer: cuDNN over K/V against the absorbed path), if time is left.
 # Env: BATCHES, HF_BATCHES (transformers' windows; none by default), PRECISIONS (full_fp16:cross_kv_cache=fp16,full_fp16: fp16 K/V against the default, which since session 28 is the hybrid for wide models), SHAPES (large-v3), PROBE_ROWS (256,128,32,8,1), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
-START=$SECONDS
-BUDGET=${BUDGET_S:-570}
 source benchmarks/gpu_budget.sh
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
-gpu_facts
+gpu_begin 570
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS
   timeout $(cap 120 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \

@@ -10,11 +10,8 @@
 # 4. Nsight Compute's view of the kernel at 128 rows (benchmarks/ncu_absorbed.py), if time is left.
 # Env: TILES (32x2,16x5,16x3), BATCHES (1,16,128,256), HF_BATCHES (128), SKIP_TESTS=1, BUDGET_S (570).
 set -uo pipefail
-START=$SECONDS
-BUDGET=${BUDGET_S:-570}
 source benchmarks/gpu_budget.sh
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
-gpu_facts
+gpu_begin 570
 if [ -z "${SKIP_TESTS:-}" ]; then
   t=$SECONDS
   timeout $(cap 150 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \

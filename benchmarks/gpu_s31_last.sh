@@ -4,14 +4,11 @@
 # on an H100; turbo's hybrid since the kernel changed), at 1,16,128,256 windows, no transformers.
 #   run(command="bash benchmarks/gpu_s31_last.sh", carry=[".carry/inputs"], timeout_s=420, kind="nvidia-h200")
 set -uo pipefail
-START=$SECONDS
-BUDGET=${BUDGET_S:-330}
 source benchmarks/gpu_budget.sh
-gpu_facts
+gpu_begin 330
 case $name in
   *H200*) SKIP_TESTS= BUDGET_S=$BUDGET exec bash benchmarks/gpu_s31.sh ;;
 esac
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
 for f in benchmarks/results/s28_h100/bench_engine*_h100.json benchmarks/results/s31_h100/call15_bench_engine*.json; do
   baselines="${baselines:-} --baseline ../$f"; done
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 300 10) python3 bench_engine.py \

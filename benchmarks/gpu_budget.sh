@@ -20,3 +20,11 @@ gpu_begin() {  # gpu_begin DEFAULT_BUDGET_S: START, BUDGET (BUDGET_S or the defa
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 INPUTS=$PWD/.carry/inputs
   gpu_facts
 }
+gpu_tests() {  # gpu_tests WANT_S PYTEST_ARGS...: CUDA tests (unless SKIP_TESTS) into $OUT/cuda_tests.log; fails if one did
+  [ -n "${SKIP_TESTS:-}" ] && return 0
+  local t=$SECONDS want=$1
+  shift
+  timeout $(cap $want 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x "$@" 2>&1 | tail -8 | tee "$OUT/cuda_tests.log"
+  echo "tests $((SECONDS - t)) s"
+  ! grep -q " failed\|error" "$OUT/cuda_tests.log"
+}

@@ -16,12 +16,7 @@
 set -uo pipefail
 source benchmarks/gpu_budget.sh
 gpu_begin 570
-if [ -z "${SKIP_TESTS:-}" ]; then
-  t=$SECONDS
-  timeout $(cap 120 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \
-    tests/test_fused.py -k "mma or gemm or auto_cross" 2>&1 | tail -8 | tee "$OUT/cuda_tests.log"
-  echo "tests $((SECONDS - t)) s"
-fi
+gpu_tests 120 tests/kernels/test_cross_absorbed.py tests/test_fused.py -k "mma or gemm or auto_cross"
 baselines=""
 case $name in
   *H200*) batches=${BATCHES:-1,8,16,32,128,256}

@@ -12,13 +12,7 @@
 set -uo pipefail
 source benchmarks/gpu_budget.sh
 gpu_begin 570
-if [ -z "${SKIP_TESTS:-}" ]; then
-  t=$SECONDS
-  timeout $(cap 150 420) python3 -m pytest -q -p no:cacheprovider --tb=short -x tests/kernels/test_cross_absorbed.py \
-    -k "mma or tile" 2>&1 | tail -6 | tee "$OUT/cuda_tests.log"
-  echo "tests $((SECONDS - t)) s"
-  grep -q " failed\|error" "$OUT/cuda_tests.log" && { echo "kernel tests failed: no benchmark"; exit 1; }
-fi
+gpu_tests 150 tests/kernels/test_cross_absorbed.py -k "mma or tile" || { echo "kernel tests failed: no benchmark"; exit 1; }
 t=$SECONDS
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 300) python3 probe_absorbed.py --rows 128,256 \
   --tiles "${TILES:-32x2,16x5,16x3}" --prefill-tokens 0 --calls 20) > "$OUT/probe_absorbed.log" 2>&1

@@ -7,10 +7,10 @@
 //   scores^T [BT positions, N] = X_tile [BT, D] . qa^T [D, N]   (warps split D; partial sums meet in smem)
 //   z^T [D, N] += X_tile^T [D, BT] . P [BT, N]                   (warps split D; each holds its D/8 rows)
 // so each BT x D tile of X, staged in shared memory by cp.async STAGES - 1 tiles ahead, feeds both products
-// from shared memory (ldmatrix, ldmatrix.trans) and X is read from global memory once. BT is 32 or 16: a
-// block (one an SM) keeps STAGES - 1 tiles in flight while it works on one, and at D 1280 only two 32-row
-// tiles fit (80 KB each), so one tile's latency went unhidden every tile (~2.5 TB/s on the H200); five
-// 16-row stages keep four in flight. The queries' fragments
+// from shared memory (ldmatrix, ldmatrix.trans) and X is read from global memory once. BT is 32 or 16 (a
+// block, one an SM, keeps STAGES - 1 tiles in flight while it works on one); at D 1280 two 32-row stages
+// fit, and deeper pipelines of 16-row tiles were slower: the block's instructions bound it, not memory
+// latency (docs/kernels-attention-mel.md, session 31), hence the lean address arithmetic below. The queries' fragments
 // stay in registers for the whole span. Shared memory rows are swizzled by 16-byte chunk (chunk ^ row % 8)
 // so that ldmatrix's eight rows hit eight different bank groups.
 //

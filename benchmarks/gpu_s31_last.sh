@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 31's last call: on an H200, gpu_s31.sh (the leaner absorbed kernel against the H200's baselines:
 # the numbers issue 15's targets are set in); on an H100, the rows its table lacks (mixed_fp8 never ran
-# on an H100; turbo's hybrid since the kernel changed), at 1,16,128,256 windows, no transformers.
+# on an H100), large-v3 and turbo at 128 and 256 windows, no transformers.
 #   run(command="bash benchmarks/gpu_s31_last.sh", carry=[".carry/inputs"], timeout_s=420, kind="nvidia-h200")
 set -uo pipefail
 source benchmarks/gpu_budget.sh
@@ -13,7 +13,7 @@ for f in benchmarks/results/s28_h100/bench_engine*_h100.json benchmarks/results/
   baselines="${baselines:-} --baseline ../$f"; done
 (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 300 10) python3 bench_engine.py \
   --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" --shapes large-v3,large-v3-turbo \
-  --batches 1,16,128,256 --hf-batches "" --precisions mixed_fp8,full_fp16 $baselines --out bench_engine_s31_h100_presets.json) \
+  --batches 128,256 --hf-batches "" --precisions mixed_fp8 $baselines --out bench_engine_s31_h100_presets.json) \
   2>&1 | grep -v "seem to have been set\|^\[transformers\]" > "$OUT/bench_engine_presets.log"
 echo "engine rc=${PIPESTATUS[0]}"
 grep -E "^large|^ours|SLOWER|precision" "$OUT/bench_engine_presets.log" | head -40

@@ -6,7 +6,7 @@ Why a hand-written kernel: the Triton kernel (cross_absorbed.py) made the query 
 (16 or 32) and held a [rows, D] accumulator beside a [positions, D] block of X in registers; at D =
 1280 it reached ~1.6 TB/s and ~64 TFLOP/s on an H100 (session 22), below cuDNN over twice the bytes.
 This one makes positions and the width the M of mma.sync (the queries N, padded to 8), stages tiles
-of X (32 or 16 positions x D) in shared memory several tiles ahead (cp.async) and feeds both products
+of X (32 or 16 positions x D) in shared memory one or more tiles ahead (cp.async) and feeds both products
 from there, so X is read from memory once and the tensor cores wait on nothing else (the design: the
 .cu file's header).
 

@@ -117,6 +117,29 @@ def test_a_truncated_file_has_no_zero_length_segment(client, jfk_path, tmp_path)
     assert " ".join(w.word for w in r.words) == r.text
 
 
+def test_damaged_uploads_are_transcribed_as_far_as_they_decode(client, jfk_path):
+    """A FLAC whose upload or recorder stopped mid-frame, and an MP3 with a few flipped bytes: the
+    ffmpeg CLI and faster-whisper skip the damaged packets; these were 400 `invalid_file_format`
+    ("corrupt data at 5.3 s"), every good second lost (QA session 31)."""
+    import io
+
+    from test_decode import encode
+
+    audio = decode_audio(jfk_path)
+    flac, mp3 = io.BytesIO(), io.BytesIO()
+    encode(audio, flac, "flac", "flac", 44100, "stereo")
+    encode(audio, mp3, "mp3", "libmp3lame", 44100, "stereo")
+    cut = flac.getvalue()[: len(flac.getvalue()) // 2]
+    r = client.audio.transcriptions.create(file=("cut.flac", cut), model="whisper-1", response_format="verbose_json")
+    assert 5.0 < r.duration < 5.6 and "fellow americans" in r.text.lower(), (r.duration, r.text)
+    flipped = bytearray(mp3.getvalue())
+    rng = np.random.default_rng(0)
+    for i in rng.integers(2000, len(flipped), 200):
+        flipped[i] = rng.integers(0, 256)
+    r = client.audio.transcriptions.create(file=("flipped.mp3", bytes(flipped)), model="whisper-1")
+    assert wer(JFK, r.text) < 0.2, r.text
+
+
 def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     events = list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True))
     assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 2

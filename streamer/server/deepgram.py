@@ -134,13 +134,17 @@ async def listen_endpoint(ws: WebSocket) -> None:
 
 # --- POST /v1/listen ---------------------------------------------------------------------------------
 
-def _decode_raw(body: bytes, options: ListenOptions) -> np.ndarray:
+def _decode_raw(body: bytes, options: ListenOptions, max_seconds: float) -> np.ndarray:
     """Headerless audio (`encoding` given) -> [channels, N] at 16 kHz; [1, N], the channels' mean,
-    unless `multichannel`, as containers are decoded."""
+    unless `multichannel`, as containers are decoded. Over `max_seconds` is `AudioTooLarge`, as
+    for a container."""
     frame = pcm_dtype(options.encoding).itemsize * options.channels
     body = body[: len(body) - len(body) % frame]
     if not body:
         raise ListenError("no audio in the request body", "DATA-0000")
+    seconds = len(body) // frame / options.sample_rate
+    if seconds > max_seconds:
+        raise AudioTooLarge("body", f"{seconds:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
     frames = np.frombuffer(body, np.uint8).reshape(-1, options.channels, frame // options.channels)
     out = []
     for c in range(options.channels):
@@ -181,7 +185,7 @@ async def listen_file(request: Request) -> JSONResponse:
                 return refuse(413, ListenError(f"the body is over the {limits.max_upload_mb:g} MB limit",
                                                "PAYLOAD_TOO_LARGE"))
         if options.encoding is not None:
-            audio = await asyncio.to_thread(_decode_raw, bytes(body), options)
+            audio = await asyncio.to_thread(_decode_raw, bytes(body), options, limits.max_audio_s)
         else:
             audio = await state.decoder.decode(bytes(body), max_seconds=limits.max_audio_s, name="body",
                                                mono=not options.multichannel)

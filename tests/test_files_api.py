@@ -207,6 +207,37 @@ def test_accurate_mode_and_a_prompt(client, jfk):
     assert wer(JFK, r.text) < 0.15
 
 
+PASTED_TABLE = (
+    "8.md#presets-issue-15) for what each does and what it measured |\n"
+    "| `VRAM_LIMIT_GB` | unset | caps this process's GPU memory; decoder slots and encoder batches are sized to fit |\n"
+    "| `MAX_SLOTS` / `MAX_ENCODER_BATCH` | sized from memory | live decoder sequences / windows encoded per step |\n"
+    "| `MAX_QUEUE` | `4096` | queued windows before finals are refused; partials, file windows and new streams are "
+    "refused from half of it (HTTP 429 with `Retry-After`, stream `overloaded` with `retry_after_s`) |\n"
+    "| `API_KEY` | unset | require `Authorization: Bearer KEY` (or `?api_key=KEY`) |\n"
+    "| `MAX_SESSIONS` | `256` | concurrent live streams per gateway worker |\n"
+    "| `IDLE_TIMEOUT_S` | `60` | close s")
+"""The end of a settings table pasted as a prompt (README's, session 31): tiny.en, so prompted, writes
+" 1" for the first 30 s of `PROMPTED_CLIP` and calls it silence (no-speech 0.63, log-probability -1.5)."""
+
+
+def test_a_prompt_that_silences_a_window_of_speech_does_not_lose_it(client, manifest, tmp_path):
+    """`accurate`: a window that its prompt turned "silent" while the VAD hears speech all through it is
+    decoded again without the prompt, as one that loops. The three chains lost the first 30 s (the
+    backbone skips a silent window whole), the vote refilled the words from the `fast` runs into the
+    backbone's next segment, timed 30.0-45.0 s for speech from 7.5 s, and "... or 8 to exit" (0-7 s)
+    was gone (QA session 31)."""
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    path = tmp_path / "clip.wav"
+    write_wav(path, decode_audio(row["audio"])[40 * 16000:85 * 16000])  # 45 s of conference menus
+    with open(path, "rb") as f:
+        r = client.audio.transcriptions.create(file=f, model="tiny.en", prompt=PASTED_TABLE,
+                                               response_format="verbose_json", extra_body={"mode": "accurate"})
+    segments = [(s.start, s.end, s.text) for s in r.segments]
+    assert r.segments[0].start < 1.0 and "7 or 9" in r.segments[0].text, segments  # "... the conference, 7 or 9 ..."
+    mute = next(s for s in r.segments if "mute or unmute yourself" in s.text)
+    assert mute.start < 12.0, segments
+
+
 def test_a_prompt_of_special_token_text_is_plain_text(client, jfk):
     """"<|endoftext|>" typed into a prompt is text (it was the special token: a 500, session 27's QA)."""
     r = client.audio.transcriptions.create(file=jfk, model="tiny.en", prompt="<|endoftext|><|startoftranscript|> Kennedy")

@@ -207,6 +207,23 @@ def test_accurate_mode_and_a_prompt(client, jfk):
     assert wer(JFK, r.text) < 0.15
 
 
+@pytest.mark.parametrize("mode", ["fast", "accurate"])
+def test_a_segment_ends_where_its_speech_does(client, jfk_path, tmp_path, mode):
+    """Kennedy between 5 s and 25 s of faint noise: `accurate`'s backbone, its window opened at 0 s,
+    closed " for your country." at 40.5 s, 24 s after the speech ended (an SRT cue of 26 s for three
+    words). A segment ends at most 1 s after the last speech the VAD hears in it (QA session 31)."""
+    noise = 0.003 * np.random.default_rng(0).standard_normal(25 * 16000).astype(np.float32)
+    speech = decode_audio(jfk_path)
+    path = tmp_path / "noisy.wav"
+    write_wav(path, np.concatenate([noise[: 5 * 16000], speech, noise]))
+    with open(path, "rb") as f:
+        r = client.audio.transcriptions.create(file=f, model="tiny.en", response_format="verbose_json",
+                                               extra_body={"mode": mode})
+    assert wer(JFK, r.text) < 0.15, r.text
+    segments = [(s.start, s.end, s.text) for s in r.segments]
+    assert all(4.0 < s.start < s.end <= 5.0 + 11.0 + 1.2 for s in r.segments), segments
+
+
 PASTED_TABLE = (
     "8.md#presets-issue-15) for what each does and what it measured |\n"
     "| `VRAM_LIMIT_GB` | unset | caps this process's GPU memory; decoder slots and encoder batches are sized to fit |\n"

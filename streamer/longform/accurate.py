@@ -35,7 +35,7 @@ from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptio
 from streamer.longform.decode import decode_window, detect_language
 from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
 from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, onset,
-                                      open_after, speech_seconds)
+                                      open_after, release, speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, after, join, make_segments
 from streamer.longform.vote import SegmentVote
 from streamer.longform.words import add_word_timestamps
@@ -223,6 +223,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             window.segments = [s for s in window.segments if s.text.strip()]
         if on_progress is not None:
             on_progress(1.0)
+    for window in windows:
+        release(speech, window.segments)
     if word_timestamps:
         await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
     return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)

@@ -377,6 +377,23 @@ def test_deepgram_sdk_prerecorded(base, stereo, tmp_path):
     assert r.status_code == 400 and r.json()["err_code"] == "INVALID_QUERY_PARAMETER"
 
 
+def test_the_duration_limit_holds_for_raw_prerecorded_audio(engine, jfk):
+    """`MAX_AUDIO_S` bounds headerless audio too: a raw body (`encoding=`) went past it (a 200-MB
+    μ-law body is 7 hours at 8 kHz, past the default 4-hour limit), while the same audio in a
+    container got its 413 (QA session 31)."""
+    settings = load_settings({}, server={"max_audio_s": 5.0})
+    with running(create_app(settings, engine)) as url:
+        for query, body in (("encoding=linear16&sample_rate=16000", s16(jfk)),
+                            ("encoding=mulaw&sample_rate=8000", g711.encode(to_8k(jfk), "mulaw")),
+                            ("encoding=linear16&sample_rate=16000&channels=2&multichannel=true",
+                             s16(np.repeat(jfk[:, None], 2, axis=1)))):
+            r = httpx.post(url + "/v1/listen?" + query, content=body, timeout=120)
+            assert r.status_code == 413 and r.json()["err_code"] == "PAYLOAD_TOO_LARGE", (query, r.status_code, r.text)
+            assert "5 s" in r.json()["err_msg"], r.text
+        r = httpx.post(url + "/v1/listen?encoding=linear16&sample_rate=16000", content=s16(jfk[: 4 * RATE]), timeout=120)
+        assert r.status_code == 200 and r.json()["metadata"]["duration"] == pytest.approx(4.0, abs=0.01), r.text
+
+
 def test_raw_pcm_of_two_channels_is_one_channel_unless_multichannel(base, jfk):
     """Headerless linear16 with `channels=2`: the channels' mean without `multichannel` (as a WAV of two
     channels is), one transcript per channel with it."""

@@ -129,3 +129,11 @@ def test_serve_on_a_port_in_use_or_a_missing_gpu_says_so_in_one_line():
         out = subprocess.run([sys.executable, "-m", "streamer.cli", "serve", "--port", "0"], capture_output=True,
                              text=True, timeout=60, env={**os.environ, "DEVICE": "cuda"})
         assert out.returncode == 2 and "no CUDA GPU" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_python_dash_m_streamer_is_the_streamer_command():
+    """`python -m streamer serve` (how many run a package's command from a checkout or a virtualenv
+    without its scripts on PATH) failed: "No module named streamer.__main__" (QA session 31)."""
+    out = subprocess.run([sys.executable, "-m", "streamer", "serve", "--port", "0"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "MAX_QUEUE": "-1"})
+    assert out.returncode == 2 and out.stderr.strip() == "streamer: MAX_QUEUE: -1 is outside 1 <= x", out.stderr

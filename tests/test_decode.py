@@ -199,21 +199,40 @@ def test_truncated_header(jfk_path):
         decode_audio(head, name="cut.ogg")
 
 
-def test_truncated_and_garbled_data(jfk, tmp_path):
+def test_truncated_and_garbled_data_decode_what_is_there(jfk, tmp_path):
+    """A damaged packet is skipped, as the ffmpeg CLI (openai-whisper) and faster-whisper skip it,
+    its time kept as silence: a FLAC cut off mid-frame (a recorder that stopped) gives its first
+    5 s, not an error, and an MP3 with a stretch of garbage gives the rest of its audio, in place.
+    Both were refused whole ("corrupt data at 5.3 s"), losing every good second (QA session 31)."""
     flac = io.BytesIO()
     encode(jfk, flac, "flac", "flac", 44100, "stereo")
     cut = tmp_path / "cut.flac"
     cut.write_bytes(flac.getvalue()[: len(flac.getvalue()) // 2])
-    with pytest.raises(AudioDecodeError, match=r"^cut\.flac: corrupt data at 5\.\d s"):
-        decode_audio(cut)
+    head, whole = decode_audio(cut), decode_audio(flac.getvalue())
+    assert 5.0 < len(head) / SAMPLE_RATE < 5.6, len(head)
+    np.testing.assert_allclose(head[: 5 * SAMPLE_RATE], whole[: 5 * SAMPLE_RATE], atol=1e-3)
 
     mp3 = io.BytesIO()
     encode(jfk, mp3, "mp3", "libmp3lame", 44100, "stereo")
+    clean = decode_audio(mp3.getvalue())
     garbled = bytearray(mp3.getvalue())
     start = len(garbled) // 3
-    garbled[start : start + 20000] = np.random.default_rng(1).bytes(20000)
-    with pytest.raises(AudioDecodeError, match=r"^garbled\.mp3: corrupt data at [34]\.\d s"):
-        decode_audio(bytes(garbled), name="garbled.mp3")
+    garbled[start : start + 2000] = np.random.default_rng(1).bytes(2000)
+    back = decode_audio(bytes(garbled), name="garbled.mp3")
+    assert abs(len(back) - len(clean)) / SAMPLE_RATE < 0.5
+    corr, lag = best_aligned_correlation(clean[-4 * SAMPLE_RATE:], back[-4 * SAMPLE_RATE:])
+    assert corr > 0.99 and abs(lag) <= 0.1 * SAMPLE_RATE, (corr, lag)  # the audio after the garbage, in place
+
+
+def test_a_mostly_damaged_file_is_refused(jfk):
+    """More damaged packets than good ones: not a recording with a scratch, a broken file."""
+    flac = io.BytesIO()
+    encode(jfk, flac, "flac", "flac", 44100, "stereo")
+    broken = bytearray(flac.getvalue())
+    for i in range(2000, len(broken), 200):
+        broken[i] ^= 0x55
+    with pytest.raises(AudioDecodeError, match=r"^broken\.flac: corrupt data at .* of \d+ packets are damaged$"):
+        decode_audio(bytes(broken), name="broken.flac")
 
 
 def test_damaged_files_raise_only_audio_decode_error(jfk):

@@ -118,6 +118,29 @@ def test_a_truncated_file_has_no_zero_length_segment(client, jfk_path, tmp_path)
     assert " ".join(w.word for w in r.words) == r.text
 
 
+def test_damaged_uploads_are_transcribed_as_far_as_they_decode(client, jfk_path):
+    """A FLAC whose upload or recorder stopped mid-frame, and an MP3 with a few flipped bytes: the
+    ffmpeg CLI and faster-whisper skip the damaged packets; these were 400 `invalid_file_format`
+    ("corrupt data at 5.3 s"), every good second lost (QA session 31)."""
+    import io
+
+    from test_decode import encode
+
+    audio = decode_audio(jfk_path)
+    flac, mp3 = io.BytesIO(), io.BytesIO()
+    encode(audio, flac, "flac", "flac", 44100, "stereo")
+    encode(audio, mp3, "mp3", "libmp3lame", 44100, "stereo")
+    cut = flac.getvalue()[: len(flac.getvalue()) // 2]
+    r = client.audio.transcriptions.create(file=("cut.flac", cut), model="whisper-1", response_format="verbose_json")
+    assert 5.0 < r.duration < 5.6 and "fellow americans" in r.text.lower(), (r.duration, r.text)
+    flipped = bytearray(mp3.getvalue())
+    rng = np.random.default_rng(0)
+    for i in rng.integers(2000, len(flipped), 200):
+        flipped[i] = rng.integers(0, 256)
+    r = client.audio.transcriptions.create(file=("flipped.mp3", bytes(flipped)), model="whisper-1")
+    assert wer(JFK, r.text) < 0.2, r.text
+
+
 def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     events = list(client.audio.transcriptions.create(file=jfk, model="tiny.en", stream=True))
     assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) >= 2
@@ -183,6 +206,54 @@ def test_accurate_mode_and_a_prompt(client, jfk):
     r = client.audio.transcriptions.create(file=jfk, model="tiny.en", prompt="Kennedy's inaugural address.",
                                            temperature=0.2, extra_body={"mode": "accurate"})
     assert wer(JFK, r.text) < 0.15
+
+
+@pytest.mark.parametrize("mode", ["fast", "accurate"])
+def test_a_segment_ends_where_its_speech_does(client, jfk_path, tmp_path, mode):
+    """Kennedy between 5 s and 25 s of faint noise: `accurate`'s backbone, its window opened at 0 s,
+    closed " for your country." at 40.5 s, 24 s after the speech ended (an SRT cue of 26 s for three
+    words). A segment ends at most 1 s after the last speech the VAD hears in it (QA session 31)."""
+    noise = 0.003 * np.random.default_rng(0).standard_normal(25 * 16000).astype(np.float32)
+    speech = decode_audio(jfk_path)
+    path = tmp_path / "noisy.wav"
+    write_wav(path, np.concatenate([noise[: 5 * 16000], speech, noise]))
+    with open(path, "rb") as f:
+        r = client.audio.transcriptions.create(file=f, model="tiny.en", response_format="verbose_json",
+                                               extra_body={"mode": mode})
+    assert wer(JFK, r.text) < 0.15, r.text
+    segments = [(s.start, s.end, s.text) for s in r.segments]
+    assert all(4.0 < s.start < s.end <= 5.0 + 11.0 + 1.2 for s in r.segments), segments
+
+
+PASTED_TABLE = (
+    "8.md#presets-issue-15) for what each does and what it measured |\n"
+    "| `VRAM_LIMIT_GB` | unset | caps this process's GPU memory; decoder slots and encoder batches are sized to fit |\n"
+    "| `MAX_SLOTS` / `MAX_ENCODER_BATCH` | sized from memory | live decoder sequences / windows encoded per step |\n"
+    "| `MAX_QUEUE` | `4096` | queued windows before finals are refused; partials, file windows and new streams are "
+    "refused from half of it (HTTP 429 with `Retry-After`, stream `overloaded` with `retry_after_s`) |\n"
+    "| `API_KEY` | unset | require `Authorization: Bearer KEY` (or `?api_key=KEY`) |\n"
+    "| `MAX_SESSIONS` | `256` | concurrent live streams per gateway worker |\n"
+    "| `IDLE_TIMEOUT_S` | `60` | close s")
+"""The end of a settings table pasted as a prompt (README's, session 31): tiny.en, so prompted, writes
+" 1" for the first 30 s of `PROMPTED_CLIP` and calls it silence (no-speech 0.63, log-probability -1.5)."""
+
+
+def test_a_prompt_that_silences_a_window_of_speech_does_not_lose_it(client, manifest, tmp_path):
+    """`accurate`: a window that its prompt turned "silent" while the VAD hears speech all through it is
+    decoded again without the prompt, as one that loops. The three chains lost the first 30 s (the
+    backbone skips a silent window whole), the vote refilled the words from the `fast` runs into the
+    backbone's next segment, timed 30.0-45.0 s for speech from 7.5 s, and "... or 8 to exit" (0-7 s)
+    was gone (QA session 31)."""
+    row = next(r for r in manifest if r["audio"].endswith("long/asterisk_en_6min.ogg"))
+    path = tmp_path / "clip.wav"
+    write_wav(path, decode_audio(row["audio"])[40 * 16000:85 * 16000])  # 45 s of conference menus
+    with open(path, "rb") as f:
+        r = client.audio.transcriptions.create(file=f, model="tiny.en", prompt=PASTED_TABLE,
+                                               response_format="verbose_json", extra_body={"mode": "accurate"})
+    segments = [(s.start, s.end, s.text) for s in r.segments]
+    assert r.segments[0].start < 1.0 and "7 or 9" in r.segments[0].text, segments  # "... the conference, 7 or 9 ..."
+    mute = next(s for s in r.segments if "mute or unmute yourself" in s.text)
+    assert mute.start < 12.0, segments
 
 
 def test_a_prompt_of_special_token_text_is_plain_text(client, jfk):

@@ -491,6 +491,39 @@ def test_stalled_and_abandoned_uploads(engine):
     assert "ClientDisconnect" not in logs.text and "Exception in ASGI application" not in logs.text, logs.text
 
 
+def test_stalled_and_abandoned_deepgram_uploads(engine):
+    """`POST /v1/listen` as the file endpoints: a body that stalls gets 408 after
+    `UPLOAD_IDLE_TIMEOUT_S` (it was held open, its bytes in memory, for as long as the client
+    wished), a client that leaves mid-body is one info line (it was an "Exception in ASGI
+    application" traceback, `ClientDisconnect`), and a declared body over the limit is 413 at once
+    (QA session 31)."""
+    def start(port: int, declared: int) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /v1/listen HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: audio/wav\r\n"
+                  + f"Content-Length: {declared}\r\n\r\n".encode() + b"RIFF" + b"\x00" * 60_000)
+        return s
+
+    with server(engine, upload_idle_timeout_s=1.5, max_upload_mb=1) as (url, logs):
+        port = int(url.rsplit(":", 1)[1])
+        stalled = [start(port, 500_000) for _ in range(3)]
+        for s in stalled:
+            s.settimeout(10)
+            answer = s.recv(4096)
+            s.close()
+            assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 408 Request Timeout", answer
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["err_code"] == "SLOW_UPLOAD", answer
+        big = start(port, 2 * 2**20)
+        big.settimeout(10)
+        assert big.recv(4096).split(b"\r\n", 1)[0] == b"HTTP/1.1 413 Request Entity Too Large"
+        big.close()
+        gone = [start(port, 500_000) for _ in range(3)]
+        time.sleep(0.5)
+        for s in gone:
+            s.close()  # the client leaves mid-body
+        time.sleep(0.5)
+    assert "ClientDisconnect" not in logs.text and "Exception in ASGI application" not in logs.text, logs.text
+
+
 # --- log noise -----------------------------------------------------------------------------------------------
 
 def test_abrupt_disconnects_leave_no_noise_and_no_threads(engine, jfk16k):

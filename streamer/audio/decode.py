@@ -92,23 +92,45 @@ def decode_audio(
         converter = _MonoConverter(keep_channels=not mono)
         decoded_s = 0.0
         position_s = 0.0
+        good = bad = 0
+        first_error: str | None = None
         try:
             for packet in container.demux(stream):
                 if packet.pts is not None and packet.time_base is not None:
                     position_s = float(packet.pts * packet.time_base)
-                for frame in packet.decode():
+                try:
+                    frames = packet.decode()
+                except av.error.InvalidDataError as e:
+                    # A damaged packet (a truncated last frame, flipped bits) is skipped, as the ffmpeg
+                    # CLI and faster-whisper skip it; its time is kept as silence so that later
+                    # timestamps stay where the speech is.
+                    bad += 1
+                    first_error = first_error or f"corrupt data at {position_s:.1f} s ({_plain(e)})"
+                    converter.skip(_packet_seconds(packet))
+                    continue
+                good += 1
+                for frame in frames:
                     decoded_s += frame.samples / frame.sample_rate
                     converter.add(frame)
                 if max_seconds is not None and decoded_s > max_seconds:
                     raise AudioTooLarge(name, f"longer than the {max_seconds:g} s limit", "seconds")
+            if bad > good:
+                raise AudioDecodeError(name, f"{first_error}; {bad} of {good + bad} packets are damaged")
             audio = converter.finish()
         except AudioDecodeError:
             raise
         except (av.error.FFmpegError, ValueError, OSError, EOFError) as e:
             raise AudioDecodeError(name, f"corrupt data at {position_s:.1f} s ({_plain(e)})") from None
     if audio.size == 0:
-        raise AudioDecodeError(name, "no audio data (truncated or corrupt)")
+        raise AudioDecodeError(name, first_error or "no audio data (truncated or corrupt)")
     return audio
+
+
+def _packet_seconds(packet: av.Packet) -> float:
+    """How long a packet plays, 0 when the container does not say."""
+    if packet.duration and packet.time_base is not None:
+        return float(packet.duration * packet.time_base)
+    return 0.0
 
 
 def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
@@ -244,6 +266,18 @@ class _MonoConverter:
         self._fifo.write(frame)
         if self._fifo.samples >= BATCH_SECONDS * frame.sample_rate:
             self._chunks.append(self._convert(self._fifo.read()))
+
+    def skip(self, seconds: float) -> None:
+        """Silence in place of `seconds` of audio that could not be decoded (at the current rate and
+        layout; before the first frame, nothing: the recording then starts at its first good frame)."""
+        if self._fifo is None or round(seconds * self._key[2]) <= 0:
+            return
+        format_, layout, rate = self._key
+        silence = av.AudioFrame(format=format_, layout=layout, samples=round(seconds * rate))
+        for plane in silence.planes:
+            plane.update(bytes(plane.buffer_size))
+        silence.sample_rate = rate
+        self._fifo.write(silence)
 
     def finish(self) -> np.ndarray:
         self._drain()

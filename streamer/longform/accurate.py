@@ -35,7 +35,7 @@ from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptio
 from streamer.longform.decode import decode_window, detect_language
 from streamer.longform.fast import MAX_IN_FLIGHT, transcribe_fast
 from streamer.longform.speech import (UNHEARD_SPEECH_S, find_speech, heard, left_out, next_stretch, onset,
-                                      open_after, speech_seconds)
+                                      open_after, release, speech_seconds)
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, after, join, make_segments
 from streamer.longform.vote import SegmentVote
 from streamer.longform.words import add_word_timestamps
@@ -57,6 +57,11 @@ CONFIRM = (1.5, 0.6, 4)
 (`_sequential(by_speech=False)`), keeps a phrase another transcript confirms unless its word count
 there is off the others' median (above 1.5 x or below 0.6 x, by 4 words or more); the rest is voted
 by the other four (docs/notes/accuracy18.md: 11 files 390 -> 365 errors, 14 held out 400 -> 374)."""
+PROMPTED_SILENCE_SPEECH_S = 2.0
+"""A prompted window judged silent while the VAD hears this much speech in it is decoded again without
+the prompt: a prompt can take the model off the audio (a settings table pasted as a prompt: tiny.en
+wrote " 1" over 28 s of speech, no-speech 0.63, log-probability -1.5), and the backbone skips a silent
+window whole (QA session 31)."""
 MIN_WINDOW_S = 0.1
 """A shorter tail after the last seek holds no word; decoding it only invites a hallucination."""
 
@@ -218,6 +223,8 @@ async def transcribe_accurate(engine: Engine, audio: np.ndarray, options: Decode
             window.segments = [s for s in window.segments if s.text.strip()]
         if on_progress is not None:
             on_progress(1.0)
+    for window in windows:
+        release(speech, window.segments)
     if word_timestamps:
         await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
     return join(windows, language=language, duration=n / SAMPLE_RATE, task=options.task)
@@ -263,10 +270,12 @@ async def _sequential(engine: Engine, audio: np.ndarray, speech: list[tuple[int,
                                    prompt_tokens=tuple(prompt[-MAX_PROMPT_TOKENS:]) or None)
         result = await decode_window(engine, audio[seek:seek + window.length], opts, started=bool(windows))
         v = result.verdict
-        if opts.prompt_tokens and not v.silence and (v.loop or v.repetition or echoes(previous, result.tokens, tok)):
-            # Decoded with a prompt, the text loops, repeats itself or echoes the prompt: decode the
-            # window again without it (the live rule for finals too) and start the context afresh.
-            # A repetition that the unprompted decode keeps is speech.
+        if opts.prompt_tokens and (v.loop or v.repetition or echoes(previous, result.tokens, tok) if not v.silence else
+                                   speech_seconds(speech, seek, seek + window.length) >= PROMPTED_SILENCE_SPEECH_S):
+            # Decoded with a prompt, the text loops, repeats itself or echoes the prompt, or the window
+            # is "silent" over speech the VAD hears: decode the window again without it (the live rule
+            # for finals too) and start the context afresh. A repetition that the unprompted decode
+            # keeps is speech.
             result = await decode_window(engine, audio[seek:seek + window.length],
                                          dataclasses.replace(opts, prompt_tokens=None), started=True)
             prompt = [] if condition else list(initial)

@@ -21,7 +21,7 @@ import numpy as np
 
 from streamer.engine.request import MAX_WINDOW_SAMPLES, SAMPLE_RATE, DecodeOptions, Result
 from streamer.longform.decode import decode_window, detect_language
-from streamer.longform.speech import find_speech, left_out, onset
+from streamer.longform.speech import find_speech, left_out, onset, release
 from streamer.longform.transcript import Transcript, TranscriptSegment, Window, join, make_segments
 from streamer.longform.words import add_word_timestamps
 from streamer.model.decoding import split_segments
@@ -120,6 +120,8 @@ async def transcribe_fast(engine: Engine, audio: np.ndarray, options: DecodeOpti
         language = next((r.language for r in results.values() if r.language), None)
     if on_progress is not None and not windows:
         on_progress(1.0)
+    for window in windows:
+        release(speech, window.segments)
     if word_timestamps:
         await add_word_timestamps(engine, audio, windows, language=language, task=options.task)
     return join(windows, language=language, duration=len(audio) / SAMPLE_RATE, task=options.task)

@@ -104,6 +104,24 @@ def heard(speech: list[tuple[int, int]], segments: list) -> list:
     return [s for s in segments if speech_seconds(speech, round(s.start * SAMPLE_RATE), round(s.end * SAMPLE_RATE)) > 0]
 
 
+MAX_TRAILING_S = 1.0
+"""How far a segment may end after the last speech it holds (the VAD's edges are less sure than that)."""
+
+
+def release(speech: list[tuple[int, int]], segments: list) -> list:
+    """`segments` (times in seconds from the recording's start), each that ends more than
+    `MAX_TRAILING_S` after the last speech it holds (by the VAD) moved to end there; `onset`'s
+    counterpart. Whisper's closing timestamp over a pause or noise after the speech can land
+    anywhere in it: `accurate`'s backbone window, opened at 0 s over noise, closed " for your
+    country." (the last second of Kennedy's 11 s) at 40.5 s, a 26-s subtitle for three words (QA session 31)."""
+    for s in segments:
+        start, end = round(s.start * SAMPLE_RATE), round(s.end * SAMPLE_RATE)
+        last = max((min(b, end) for a, b in speech if a < end and b > start), default=None)
+        if last is not None and end - last > MAX_TRAILING_S * SAMPLE_RATE and last > start:
+            s.end = round(last / SAMPLE_RATE, 3)
+    return segments
+
+
 def onset(speech: list[tuple[int, int]], segments: list) -> list:
     """`segments` (times in seconds from the recording's start), each that starts more than
     `MAX_INITIAL_TIMESTAMP` before the first speech it holds (by the VAD) moved to start there.

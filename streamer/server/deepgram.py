@@ -135,13 +135,17 @@ async def listen_endpoint(ws: WebSocket) -> None:
 
 # --- POST /v1/listen ---------------------------------------------------------------------------------
 
-def _decode_raw(body: bytes, options: ListenOptions) -> np.ndarray:
+def _decode_raw(body: bytes, options: ListenOptions, max_seconds: float) -> np.ndarray:
     """Headerless audio (`encoding` given) -> [channels, N] at 16 kHz; [1, N], the channels' mean,
-    unless `multichannel`, as containers are decoded."""
+    unless `multichannel`, as containers are decoded. Over `max_seconds` is `AudioTooLarge`, as
+    for a container."""
     frame = pcm_dtype(options.encoding).itemsize * options.channels
     body = body[: len(body) - len(body) % frame]
     if not body:
         raise ListenError("no audio in the request body", "DATA-0000")
+    seconds = len(body) // frame / options.sample_rate
+    if seconds > max_seconds:
+        raise AudioTooLarge("body", f"{seconds:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
     frames = np.frombuffer(body, np.uint8).reshape(-1, options.channels, frame // options.channels)
     out = []
     for c in range(options.channels):
@@ -150,6 +154,40 @@ def _decode_raw(body: bytes, options: ListenOptions) -> np.ndarray:
         out.append(np.concatenate([resampler.push(data), resampler.flush()]))
     audio = np.stack(out)
     return audio if options.multichannel else audio.mean(axis=0, keepdims=True)
+
+
+class _BodyRefused(Exception):
+    """A body not read to its end: the HTTP status and the error."""
+
+    def __init__(self, status: int, error: ListenError):
+        super().__init__(error.message)
+        self.status, self.error = status, error
+
+
+async def _read_body(request: Request, max_mb: float, idle_timeout_s: float) -> bytes:
+    """The request body, as the file endpoints read theirs (`files._read_form`): 413 as soon as it
+    passes `max_mb` (declared or counted), 408 when it stalls for `idle_timeout_s` (a stalled
+    client held the connection and the bytes so far for as long as it wished), `ClientGone` when
+    the client leaves (Starlette's `ClientDisconnect` was an ASGI traceback in the log)."""
+    max_bytes = int(max_mb * 2**20)
+    too_large = _BodyRefused(413, ListenError(f"the body is over the {max_mb:g} MB limit", "PAYLOAD_TOO_LARGE"))
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    body = bytearray()
+    while True:
+        try:
+            message = await asyncio.wait_for(request.receive(), idle_timeout_s)
+        except asyncio.TimeoutError:
+            raise _BodyRefused(408, ListenError(f"the upload stalled: no data for {idle_timeout_s:g} s",
+                                                "SLOW_UPLOAD")) from None
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        body += message.get("body", b"")
+        if len(body) > max_bytes:
+            raise too_large
+        if not message.get("more_body", False):
+            return bytes(body)
 
 
 async def listen_file(request: Request) -> JSONResponse:
@@ -174,15 +212,9 @@ async def listen_file(request: Request) -> JSONResponse:
             raise ListenError("transcribing a URL needs network access this server does not have: send the "
                               "audio in the body", "INVALID_REQUEST")
         limits = state.settings.server
-        max_bytes = int(limits.max_upload_mb * 2**20)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_bytes:
-                return refuse(413, ListenError(f"the body is over the {limits.max_upload_mb:g} MB limit",
-                                               "PAYLOAD_TOO_LARGE"))
+        body = await _read_body(request, limits.max_upload_mb, limits.upload_idle_timeout_s)
         if options.encoding is not None:
-            audio = await asyncio.to_thread(_decode_raw, bytes(body), options)
+            audio = await asyncio.to_thread(_decode_raw, bytes(body), options, limits.max_audio_s)
         else:
             audio = await state.decoder.decode(bytes(body), max_seconds=limits.max_audio_s, name="body",
                                                mono=not options.multichannel)
@@ -191,6 +223,8 @@ async def listen_file(request: Request) -> JSONResponse:
         decode = DecodeOptions(language=options.language)
         transcripts = await while_connected(request, asyncio.gather(*(
             transcribe_long(engine, a, mode=limits.mode, options=decode, word_timestamps=True) for a in audio)))
+    except _BodyRefused as e:
+        return refuse(e.status, e.error)
     except ClientGone:
         log.info("a /v1/listen client disconnected before its answer: its work is dropped")
         return Response(status_code=400)  # never read: the connection is gone

@@ -77,3 +77,36 @@ def test_a_commit_of_exactly_100_ms_is_taken(base, speech, fmt):
     refused = asyncio.run(commit_after(base, fmt, encoded(speech, fmt, 90)))
     assert [e["type"] for e in refused] == ["error"], refused
     assert refused[0]["error"]["code"] == "input_audio_buffer_commit_empty", refused
+
+
+def test_an_update_does_not_commit_what_a_commit_would_refuse(base, speech):
+    """A `session.update` that changes the format ends the open item "as input_audio_buffer.commit
+    would" (docs/protocol.md): with `turn_detection: null` and under 100 ms appended, a commit is
+    refused, so no item comes of it. The segmentation's end committed it anyway: an item the
+    client never committed, `committed` and an empty `completed` after `session.updated`."""
+    pcm24k = {"type": "audio/pcm", "rate": 24000}
+    pcm16k = {"type": "audio/pcm", "rate": 16000}
+
+    async def run() -> list[dict]:
+        client = AsyncOpenAI(api_key="unused", base_url=base + "/v1",
+                             websocket_base_url=base.replace("http", "ws") + "/v1")
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            assert (await connection.recv()).type == "session.created"
+            await connection.session.update(session={"type": "transcription", "audio": {"input": {
+                "format": pcm24k, "turn_detection": None}}})
+            assert (await connection.recv()).type == "session.updated"
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm24k, 50)).decode())
+            await connection.session.update(session={"type": "transcription", "audio": {"input": {"format": pcm16k}}})
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, 600)).decode())
+            await connection.input_audio_buffer.commit()
+            events = [(await asyncio.wait_for(connection.recv(), 60)).to_dict()]
+            while events[-1]["type"] not in ("error", COMPLETED, FAILED):
+                events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
+            return events
+
+    events = asyncio.run(run())
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "session.updated" and kinds.count("input_audio_buffer.committed") == 1, kinds
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert committed["previous_item_id"] is None and events[-1]["item_id"] == committed["item_id"], events
+    assert events[-1]["type"] == COMPLETED and events[-1]["transcript"], events

@@ -336,6 +336,10 @@ class RealtimeProtocol:
             elif seg.uncommitted:
                 seg.committed = seg.appended
                 out.append(Flush(seg.number))
+            elif config.segmentation_changes(seg.config):
+                # Under the minimum a commit refuses; the segmentation's end would commit it.
+                out.append(DropOpen(seg.number))
+                seg.committed = seg.appended
             if config.segmentation_changes(seg.config):
                 out += self._retire()
             else:  # the next items' language and prompts follow the new settings

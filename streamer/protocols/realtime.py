@@ -69,6 +69,9 @@ REFUSALS = {"unauthorized": ("invalid_request_error", "invalid_api_key"),
             "overloaded": ("server_error", "overloaded"),
             "shutting_down": ("server_error", "shutting_down")}
 """A connection refused by the transport (its kind) -> OpenAI's error type and code."""
+TIMEOUTS = {"idle_timeout": "the session is closed: no client event for {:g} s",
+            "no_audio": "the session is closed: no audio appended within {:g} s of connecting"}
+"""A connection the server ends for want of client events -> the `error` message said first."""
 
 
 def new_id(prefix: str) -> str:
@@ -230,8 +233,13 @@ class RealtimeProtocol:
         self.ended = True
         return self._retire()
 
-    def closed(self, reason: str) -> list[Output]:
-        return [Close(1001 if reason == "shutdown" else 1000)]
+    def closed(self, reason: str, after_s: float | None = None) -> list[Output]:
+        """The connection ends (`reason`: shutdown, idle_timeout, no_audio). A timeout is said in
+        an `error` first (as OpenAI's `session_expired`): a bare close 1000 told the client nothing."""
+        out: list[Output] = []
+        if reason in TIMEOUTS:
+            out.append(self.error("invalid_request_error", reason, TIMEOUTS[reason].format(after_s or 0.0)))
+        return out + [Close(1001 if reason == "shutdown" else 1000)]
 
     def abort(self) -> None:
         """The connection is gone: free the resamplers (the transport closes the bridges); nothing

@@ -209,7 +209,8 @@ class ServerConfig:
     max_connections_per_client: int = 64
     """Live streams one client address may hold at once (0: no limit)."""
     first_audio_timeout_s: float = 15.0
-    """A stream that has sent no audio this long after it opened is closed (pings do not count)."""
+    """A stream that has sent no audio this long after it opened is closed (pings do not count;
+    Deepgram's `KeepAlive` does, as there)."""
     upload_decoders: int = 0
     """Child processes per gateway worker that decode uploads (a file that crashes the decoder kills
     one of them, not the gateway: `server/decoder.py`); 0: as many as cores, up to 4."""

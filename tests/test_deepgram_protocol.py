@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from streamer.config import StreamingConfig
-from streamer.protocols.deepgram import (CloseStream, Finalize, ListenError, ListenOptions, ListenProtocol,
-                                         dg_words, model_uuid, parse_options)
+from streamer.protocols.deepgram import (CloseStream, Finalize, KeepAlive, ListenError, ListenOptions,
+                                         ListenProtocol, dg_words, model_uuid, parse_options)
 from streamer.protocols.outputs import Audio, Close, Send
 from streamer.streaming.events import Final, Partial, SpeechStarted, SpeechStopped
 from streamer.streaming.live import Committed, Finalized
@@ -67,7 +67,7 @@ def test_audio_is_cut_into_whole_frames_and_counted():
 
 def test_control_messages():
     p = protocol()
-    assert p.receive_text(json.dumps({"type": "KeepAlive"})) == []
+    assert p.receive_text(json.dumps({"type": "KeepAlive"})) == [KeepAlive()]
     assert p.receive_text(json.dumps({"type": "Finalize"})) == [Finalize()]
     assert p.receive_text(json.dumps({"type": "CloseStream"})) == [CloseStream()]
     assert p.receive_bytes(b"") == [CloseStream()]  # Deepgram's older end of stream

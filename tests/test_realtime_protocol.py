@@ -249,7 +249,10 @@ def test_end_commits_the_open_item_and_finishes():
     append(p, 1.0)
     tail, finish = p.end()
     assert isinstance(tail, Feed) and finish == Finish(1)
-    assert p.closed("shutdown") == [Close(1001)] and p.closed("idle_timeout") == [Close(1000)]
+    assert p.closed("shutdown") == [Close(1001)]
+    said, close = p.closed("idle_timeout", 60.0)
+    assert close == Close(1000) and said.message["error"]["code"] == "idle_timeout"
+    assert "60 s" in said.message["error"]["message"]
     error = events(p.refuse("overloaded", "full", 1013, 2.0))[0]["error"]
     assert (error["type"], error["code"], error["retry_after_s"]) == ("server_error", "overloaded", 2.0)
 

@@ -5,8 +5,9 @@ response (`file_response`).
 `ListenProtocol` is one `WS /v1/listen` connection. Client messages in (`receive_bytes`,
 `receive_text`); out come Deepgram messages (`Send`), the connection's end (`Close`) and commands
 for the transport: `Audio` (whole sample frames of the stream's encoding and channels),
-`Finalize` (end every channel's open utterance, then answer `finalized(opened)`) and
-`CloseStream` (finish the stream, then `close(reason)`). The bridges' events come back through
+`Finalize` (end every channel's open utterance, then answer `finalized(opened)`),
+`KeepAlive` (the client wants the stream though no audio comes) and `CloseStream` (finish the
+stream, then `close(reason)`). The bridges' events come back through
 `on_event(event, channel)`.
 
 What Deepgram names an utterance is what the native protocol calls a final: `Results` with
@@ -215,7 +216,14 @@ class CloseStream:
     """End of audio: finish the stream's finals, then call `close(reason)`."""
 
 
-Output = Union[Send, Close, Audio, Finalize, CloseStream]
+@dataclass(frozen=True)
+class KeepAlive:
+    """The client keeps the stream open without audio: Deepgram closes a stream only after 10 s
+    with neither audio nor KeepAlive, so a stream opened before its first audio (a voice agent
+    waiting for the caller) is not closed for want of audio while KeepAlive comes."""
+
+
+Output = Union[Send, Close, Audio, Finalize, CloseStream, KeepAlive]
 
 
 class ListenProtocol:
@@ -289,7 +297,7 @@ class ListenProtocol:
             return [Finalize(channel)]
         if kind == "CloseStream":
             return [CloseStream()]
-        return []
+        return [KeepAlive()]
 
     # --- what the transport reports ---------------------------------------------------------------
 

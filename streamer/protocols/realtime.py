@@ -69,6 +69,9 @@ REFUSALS = {"unauthorized": ("invalid_request_error", "invalid_api_key"),
             "overloaded": ("server_error", "overloaded"),
             "shutting_down": ("server_error", "shutting_down")}
 """A connection refused by the transport (its kind) -> OpenAI's error type and code."""
+TIMEOUTS = {"idle_timeout": "the session is closed: no client event for {:g} s",
+            "no_audio": "the session is closed: no audio appended within {:g} s of connecting"}
+"""A connection the server ends for want of client events -> the `error` message said first."""
 
 
 def new_id(prefix: str) -> str:
@@ -148,12 +151,20 @@ class _Segmentation:
     """Stream time at which it began."""
     samples: int = 0
     """16-kHz samples fed to it (its Session's `stream_time` * SAMPLE_RATE)."""
-    committed_to: float = 0.0
-    """Its time up to which audio was committed (manual mode)."""
+    appended: int = 0
+    """Samples the client appended, at its own rate: what OpenAI's 100-ms rule counts (the
+    resampler holds its last few samples back until more come, so `time` runs a little behind)."""
+    committed: int = 0
+    """`appended` up to which audio was committed or cleared (manual mode)."""
 
     @property
     def time(self) -> float:
         return self.samples / SAMPLE_RATE
+
+    @property
+    def uncommitted(self) -> bool:
+        """At least `MIN_COMMIT_S` appended since the last commit or clear (manual mode)."""
+        return self.appended - self.committed >= round(MIN_COMMIT_S * self.config.rate)
 
     @property
     def manual(self) -> bool:
@@ -222,8 +233,13 @@ class RealtimeProtocol:
         self.ended = True
         return self._retire()
 
-    def closed(self, reason: str) -> list[Output]:
-        return [Close(1001 if reason == "shutdown" else 1000)]
+    def closed(self, reason: str, after_s: float | None = None) -> list[Output]:
+        """The connection ends (`reason`: shutdown, idle_timeout, no_audio). A timeout is said in
+        an `error` first (as OpenAI's `session_expired`): a bare close 1000 told the client nothing."""
+        out: list[Output] = []
+        if reason in TIMEOUTS:
+            out.append(self.error("invalid_request_error", reason, TIMEOUTS[reason].format(after_s or 0.0)))
+        return out + [Close(1001 if reason == "shutdown" else 1000)]
 
     def abort(self) -> None:
         """The connection is gone: free the resamplers (the transport closes the bridges); nothing
@@ -282,6 +298,7 @@ class RealtimeProtocol:
             raise InvalidValue(f"{len(data)} bytes is not a whole number of 16-bit samples", "audio", "invalid_audio")
         out: list[Output] = []
         seg = self._seg or self._begin(out)
+        seg.appended += len(data) // (2 if self.config.encoding == "pcm_s16le" else 1)
         pcm = seg.resampler.push(data)
         seg.samples += len(pcm)
         out.append(Feed(seg.number, pcm))
@@ -290,8 +307,8 @@ class RealtimeProtocol:
     def _commit(self, client_event: str | None) -> list[Output]:
         seg = self._seg
         if seg is not None and seg.manual:
-            if seg.time - seg.committed_to >= MIN_COMMIT_S:
-                seg.committed_to = seg.time
+            if seg.uncommitted:
+                seg.committed = seg.appended
                 return [Flush(seg.number)]
         elif seg is not None:
             self._commit_event = client_event
@@ -312,7 +329,7 @@ class RealtimeProtocol:
         seg = self._seg
         if seg is not None:
             out.append(DropOpen(seg.number))
-            seg.committed_to = seg.time
+            seg.committed = seg.appended
         out.append(self._event("input_audio_buffer.cleared"))
         return out
 
@@ -324,9 +341,13 @@ class RealtimeProtocol:
             # What was appended under the old settings is committed under them.
             if not seg.manual:
                 out.append(Flush(seg.number))
-            elif seg.time - seg.committed_to >= MIN_COMMIT_S:
-                seg.committed_to = seg.time
+            elif seg.uncommitted:
+                seg.committed = seg.appended
                 out.append(Flush(seg.number))
+            elif config.segmentation_changes(seg.config):
+                # Under the minimum a commit refuses; the segmentation's end would commit it.
+                out.append(DropOpen(seg.number))
+                seg.committed = seg.appended
             if config.segmentation_changes(seg.config):
                 out += self._retire()
             else:  # the next items' language and prompts follow the new settings

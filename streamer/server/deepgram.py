@@ -30,8 +30,8 @@ from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import transcribe_long
-from streamer.protocols.deepgram import (CloseStream, Finalize, ListenError, ListenOptions, ListenProtocol,
-                                         Output, file_response, parse_options)
+from streamer.protocols.deepgram import (CloseStream, Finalize, KeepAlive, ListenError, ListenOptions,
+                                         ListenProtocol, Output, file_response, parse_options)
 from streamer.protocols.outputs import Audio, Close, Send
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
@@ -120,6 +120,11 @@ class DeepgramStream(SocketStream):
                 self._channels.push(out.data)
             elif isinstance(out, Finalize):
                 self._carry_out(self._protocol.finalized(self._channels.flush(out.channel), out.channel))
+            elif isinstance(out, KeepAlive):
+                # As Deepgram: a stream kept alive waits for its audio (`first_audio_timeout_s`
+                # is for connections that show no sign of wanting a stream); `idle_timeout_s`
+                # still ends one whose client falls silent.
+                self.audio_seen = True
             elif isinstance(out, CloseStream):
                 return True
         return False

@@ -88,7 +88,9 @@ class RealtimeStream(SocketStream):
         self._carry_out(self.protocol.end(), finish_timeout=timeout)
         if self._retiring:
             await asyncio.wait(self._retiring, timeout=timeout)
-        self._carry_out(self.protocol.closed(reason))
+        server = self.state.settings.server
+        after_s = {"idle_timeout": server.idle_timeout_s, "no_audio": server.first_audio_timeout_s}.get(reason)
+        self._carry_out(self.protocol.closed(reason, after_s))
 
     def _authorized(self) -> bool:
         # A client secret opens Realtime sessions in place of the API key.

@@ -258,10 +258,18 @@ class SocketStream:
             left = self._opened + server.first_audio_timeout_s - time.monotonic()
             if left < timeout:
                 timeout, why = max(0.0, left), "no_audio"
+        # Not `asyncio.wait_for`: before Python 3.12 it swallows a cancellation that comes while a
+        # message is ready (it returns the message), and shutdown's cancel of the receiver was lost
+        # under a client that kept sending (the stream never ended; QA session 31b).
+        receiving = asyncio.ensure_future(self.ws.receive())
         try:
-            message = await asyncio.wait_for(self.ws.receive(), timeout)
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait([receiving], timeout=timeout)
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+        if not done:
             return why
+        message = receiving.result()
         return "disconnect" if message["type"] == "websocket.disconnect" else message
 
     async def _serve(self) -> None:

@@ -1,0 +1,112 @@
+"""`input_audio_buffer.commit` with `turn_detection: null` at OpenAI's 100-ms minimum, with the
+official `openai` SDK, in each input format (QA session 31b)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import av
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from streamer.audio import g711
+from streamer.audio.decode import decode_audio
+from streamer.config import load_settings
+from streamer.server.app import create_app, running
+
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+FAILED = "conversation.item.input_audio_transcription.failed"
+
+
+@pytest.fixture(scope="module")
+def base(engine):
+    with running(create_app(load_settings({}), engine)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def speech(jfk_path) -> np.ndarray:
+    """16-kHz float32 from the middle of a word ("fellow"): speech in every sample window."""
+    return decode_audio(jfk_path)[int(1.0 * 16000):int(2.0 * 16000)]
+
+
+def encoded(audio16k: np.ndarray, fmt: dict, ms: int) -> bytes:
+    """`ms` milliseconds of `audio16k` in the session's input format."""
+    rate = fmt.get("rate", 8000)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+    frame = av.AudioFrame.from_ndarray(audio16k[None, :].astype(np.float32), format="flt", layout="mono")
+    frame.sample_rate = 16000
+    pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame) + resampler.resample(None)])
+    pcm = pcm[: rate * ms // 1000]
+    if fmt["type"] == "audio/pcm":
+        return pcm.astype("<i2").tobytes()
+    return g711.encode(pcm.astype(np.float32) / 32768.0, "mulaw" if fmt["type"] == "audio/pcmu" else "alaw")
+
+
+async def commit_after(base: str, fmt: dict, audio: bytes) -> list[dict]:
+    """A manual-commit session in `fmt`: append `audio` in one event, commit; the answer (with a
+    commit, up to the item's completion)."""
+    client = AsyncOpenAI(api_key="unused", base_url=base + "/v1",
+                         websocket_base_url=base.replace("http", "ws") + "/v1")
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        assert (await connection.recv()).type == "session.created"
+        await connection.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": fmt, "turn_detection": None}}})
+        assert (await connection.recv()).type == "session.updated"
+        await connection.input_audio_buffer.append(audio=base64.b64encode(audio).decode())
+        await connection.input_audio_buffer.commit()
+        events = [(await asyncio.wait_for(connection.recv(), 60)).to_dict()]
+        while events[-1]["type"] not in ("error", COMPLETED, FAILED):
+            events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
+        return events
+
+
+@pytest.mark.parametrize("fmt", [{"type": "audio/pcm", "rate": 24000}, {"type": "audio/pcm", "rate": 44100},
+                                 {"type": "audio/pcm", "rate": 16000}, {"type": "audio/pcmu"}, {"type": "audio/pcma"}],
+                         ids=["pcm24k", "pcm44k", "pcm16k", "pcmu", "pcma"])
+def test_a_commit_of_exactly_100_ms_is_taken(base, speech, fmt):
+    """OpenAI's rule is at least 100 ms of audio in the buffer: exactly 100 ms is committed, 90 ms
+    is `input_audio_buffer_commit_empty`. The buffer was measured after resampling to 16 kHz, which
+    holds the last few samples back, so 100 ms of the default 24-kHz PCM (and of 44.1 kHz and
+    G.711) was refused as empty."""
+    taken = asyncio.run(commit_after(base, fmt, encoded(speech, fmt, 100)))
+    assert taken[0]["type"] == "input_audio_buffer.committed" and taken[-1]["type"] == COMPLETED, taken
+    assert taken[-1]["item_id"] == taken[0]["item_id"]
+    refused = asyncio.run(commit_after(base, fmt, encoded(speech, fmt, 90)))
+    assert [e["type"] for e in refused] == ["error"], refused
+    assert refused[0]["error"]["code"] == "input_audio_buffer_commit_empty", refused
+
+
+def test_an_update_does_not_commit_what_a_commit_would_refuse(base, speech):
+    """A `session.update` that changes the format ends the open item "as input_audio_buffer.commit
+    would" (docs/protocol.md): with `turn_detection: null` and under 100 ms appended, a commit is
+    refused, so no item comes of it. The segmentation's end committed it anyway: an item the
+    client never committed, `committed` and an empty `completed` after `session.updated`."""
+    pcm24k = {"type": "audio/pcm", "rate": 24000}
+    pcm16k = {"type": "audio/pcm", "rate": 16000}
+
+    async def run() -> list[dict]:
+        client = AsyncOpenAI(api_key="unused", base_url=base + "/v1",
+                             websocket_base_url=base.replace("http", "ws") + "/v1")
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            assert (await connection.recv()).type == "session.created"
+            await connection.session.update(session={"type": "transcription", "audio": {"input": {
+                "format": pcm24k, "turn_detection": None}}})
+            assert (await connection.recv()).type == "session.updated"
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm24k, 50)).decode())
+            await connection.session.update(session={"type": "transcription", "audio": {"input": {"format": pcm16k}}})
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, 600)).decode())
+            await connection.input_audio_buffer.commit()
+            events = [(await asyncio.wait_for(connection.recv(), 60)).to_dict()]
+            while events[-1]["type"] not in ("error", COMPLETED, FAILED):
+                events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
+            return events
+
+    events = asyncio.run(run())
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "session.updated" and kinds.count("input_audio_buffer.committed") == 1, kinds
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert committed["previous_item_id"] is None and events[-1]["item_id"] == committed["item_id"], events
+    assert events[-1]["type"] == COMPLETED and events[-1]["transcript"], events

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 
 import av
 import numpy as np
@@ -45,9 +46,9 @@ def encoded(audio16k: np.ndarray, fmt: dict, ms: int) -> bytes:
     return g711.encode(pcm.astype(np.float32) / 32768.0, "mulaw" if fmt["type"] == "audio/pcmu" else "alaw")
 
 
-async def commit_after(base: str, fmt: dict, audio: bytes) -> list[dict]:
-    """A manual-commit session in `fmt`: append `audio` in one event, commit; the answer (with a
-    commit, up to the item's completion)."""
+@contextlib.asynccontextmanager
+async def manual_session(base: str, fmt: dict):
+    """A Realtime transcription session (the official SDK) in `fmt` with `turn_detection: null`."""
     client = AsyncOpenAI(api_key="unused", base_url=base + "/v1",
                          websocket_base_url=base.replace("http", "ws") + "/v1")
     async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
@@ -55,12 +56,24 @@ async def commit_after(base: str, fmt: dict, audio: bytes) -> list[dict]:
         await connection.session.update(session={"type": "transcription", "audio": {"input": {
             "format": fmt, "turn_detection": None}}})
         assert (await connection.recv()).type == "session.updated"
+        yield connection
+
+
+async def answer(connection) -> list[dict]:
+    """The events up to an error or the item's completion."""
+    events = [(await asyncio.wait_for(connection.recv(), 60)).to_dict()]
+    while events[-1]["type"] not in ("error", COMPLETED, FAILED):
+        events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
+    return events
+
+
+async def commit_after(base: str, fmt: dict, audio: bytes) -> list[dict]:
+    """A manual-commit session in `fmt`: append `audio` in one event, commit; the answer (with a
+    commit, up to the item's completion)."""
+    async with manual_session(base, fmt) as connection:
         await connection.input_audio_buffer.append(audio=base64.b64encode(audio).decode())
         await connection.input_audio_buffer.commit()
-        events = [(await asyncio.wait_for(connection.recv(), 60)).to_dict()]
-        while events[-1]["type"] not in ("error", COMPLETED, FAILED):
-            events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
-        return events
+        return await answer(connection)
 
 
 @pytest.mark.parametrize("fmt", [{"type": "audio/pcm", "rate": 24000}, {"type": "audio/pcm", "rate": 44100},
@@ -88,21 +101,12 @@ def test_an_update_does_not_commit_what_a_commit_would_refuse(base, speech):
     pcm16k = {"type": "audio/pcm", "rate": 16000}
 
     async def run() -> list[dict]:
-        client = AsyncOpenAI(api_key="unused", base_url=base + "/v1",
-                             websocket_base_url=base.replace("http", "ws") + "/v1")
-        async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
-            assert (await connection.recv()).type == "session.created"
-            await connection.session.update(session={"type": "transcription", "audio": {"input": {
-                "format": pcm24k, "turn_detection": None}}})
-            assert (await connection.recv()).type == "session.updated"
+        async with manual_session(base, pcm24k) as connection:
             await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm24k, 50)).decode())
             await connection.session.update(session={"type": "transcription", "audio": {"input": {"format": pcm16k}}})
             await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, 600)).decode())
             await connection.input_audio_buffer.commit()
-            events = [(await asyncio.wait_for(connection.recv(), 60)).to_dict()]
-            while events[-1]["type"] not in ("error", COMPLETED, FAILED):
-                events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
-            return events
+            return await answer(connection)
 
     events = asyncio.run(run())
     kinds = [e["type"] for e in events]

@@ -251,7 +251,9 @@ def test_idle_timeout_and_stop_before_start(engine):
             assert await until_closed(ws) == [{"type": "closed", "reason": "stop"}, {"type": "_close", "code": 1000}]
         async with websockets.connect(url + "/v1/realtime") as ws:
             events = await until_closed(ws)
-        assert [e["type"] for e in events] == ["session.created", "_close"] and events[-1]["code"] == 1000
+        # an idle Realtime session is told why before the close (as OpenAI's `session_expired`)
+        assert [e["type"] for e in events] == ["session.created", "error", "_close"] and events[-1]["code"] == 1000
+        assert events[1]["error"]["code"] in ("idle_timeout", "no_audio"), events
 
     with server(engine, idle_timeout_s=1.0) as url:
         asyncio.run(run(url))

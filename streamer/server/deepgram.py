@@ -93,7 +93,7 @@ class DeepgramStream(SocketStream):
             self._channels.close()
             self._outbox.abandon()
             return
-        await self._channels.finish(self._grace if reason == "shutdown" else self._finish_timeout_s)
+        await self._channels.finish(self._finish_within(reason))
         self._carry_out(protocol.close(reason))
 
     async def _receive_loop(self) -> str:

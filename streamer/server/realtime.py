@@ -84,7 +84,7 @@ class RealtimeStream(SocketStream):
             if reason == "disconnect":
                 self._outbox.abandon()
             return
-        timeout = self._grace if reason == "shutdown" else self._finish_timeout_s
+        timeout = self._finish_within(reason)
         self._carry_out(self.protocol.end(), finish_timeout=timeout)
         if self._retiring:
             await asyncio.wait(self._retiring, timeout=timeout)

@@ -230,6 +230,11 @@ class SocketStream:
         """How long an ending stream waits for its finals still in the engine (`FINISH_TIMEOUT_S`)."""
         return self.state.settings.server.finish_timeout_s
 
+    def _finish_within(self, reason: str) -> float:
+        """How long a stream ending for `reason` waits for its finals: the shutdown's grace, else
+        `FINISH_TIMEOUT_S`."""
+        return self._grace if reason == "shutdown" else self._finish_timeout_s
+
     def _authorized(self) -> bool:
         """The key check on connect (a transport whose client cannot send one checks later)."""
         return authorized(self.ws.scope, self.state.settings.server.api_key)

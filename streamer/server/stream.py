@@ -144,7 +144,7 @@ class NativeStream(SocketStream):
                 self._outbox.abandon()
             return
         if live is not None:
-            await live.channels.finish(self._grace if reason == "shutdown" else self._finish_timeout_s)
+            await live.channels.finish(self._finish_within(reason))
             self.state.resume.discard(live.token)
             if self._failed:
                 return

@@ -149,7 +149,7 @@ class TwilioStream(SocketStream):
         reason = "shutdown" if self._receiver.cancelled() else self._receiver.result()
         if self._channels is not None:
             # The call's audio is complete even when Twilio just closed the socket: finish it.
-            await self._channels.finish(self._grace if reason == "shutdown" else self._finish_timeout_s)
+            await self._channels.finish(self._finish_within(reason))
         if reason == "disconnect":
             self._outbox.abandon()
         self._carry_out(self._protocol.close(reason))

@@ -46,6 +46,8 @@ WHISPER_ALIAS = "whisper-1"
 MAX_FIELD_BYTES = 64 * 1024
 """Largest non-file form field (the prompt is the longest one that makes sense)."""
 GRANULARITIES = ("segment", "word")
+STREAM_FORMATS = ("json", "text")
+"""The response formats `stream=true` serves: its events carry the text, nothing else."""
 INCLUDES = ("logprobs",)
 DEFAULT_TEMPERATURES = DecodeOptions().temperatures
 TEMPERATURE_STEP = 0.2
@@ -366,12 +368,20 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     if bad:
         raise ApiError(400, f"timestamp_granularities must be among {', '.join(GRANULARITIES)}, not {bad[0]!r}",
                        "invalid_value", param="timestamp_granularities")
-    if granularities and response_format != "verbose_json":
-        raise ApiError(400, "timestamp_granularities needs response_format=verbose_json", "invalid_value",
-                       param="timestamp_granularities")
     stream = (text("stream", "false") or "false").lower()
     if stream not in ("true", "false"):
         raise ApiError(400, f"stream must be true or false, not {stream!r}", "invalid_value", param="stream")
+    # The stream's events carry text only (OpenAI's `transcript.text.delta` / `.done`): a format or
+    # word timestamps they cannot carry are refused, not ignored, and never computed for nobody.
+    if stream == "true" and "word" in granularities:
+        raise ApiError(400, "timestamp_granularities[]=word is not streamed: the events carry text only; "
+                            "send stream=false for word timestamps", "invalid_value", param="timestamp_granularities")
+    if stream == "true" and response_format not in STREAM_FORMATS:
+        raise ApiError(400, f"streaming supports only json and text, not response_format={response_format}; "
+                            "send stream=false for it", "invalid_value", param="response_format")
+    if granularities and response_format != "verbose_json":
+        raise ApiError(400, "timestamp_granularities needs response_format=verbose_json", "invalid_value",
+                       param="timestamp_granularities")
     include = [i.strip() for key in ("include[]", "include") for i in form.getlist(key) if isinstance(i, str)]
     bad = [i for i in include if i not in INCLUDES]
     if bad:

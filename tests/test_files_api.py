@@ -361,6 +361,21 @@ def test_errors_in_openai_shape(client, jfk):
     assert status == 400 and "English-only" in body["message"]
 
 
+def test_a_prompt_over_the_limit_is_refused_by_name(client, jfk_path, tmp_path):
+    """A `prompt` over 64 KB hit Starlette's part limit: 400 "malformed multipart body: Part exceeded
+    maximum size of 64KB." with `param: null`, leaving the client to guess which part. It is a 400
+    naming `prompt`; a prompt at the limit with a file part far over it (a 350 KB WAV) is served."""
+    path = tmp_path / "jfk.wav"
+    write_wav(path, decode_audio(jfk_path))
+    wav = ("jfk.wav", path.read_bytes())
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=wav, model="tiny.en",
+                                                                       prompt="Kennedy. " * 8000))  # 72 KB
+    assert status == 400 and body["param"] == "prompt" and body["code"] == "invalid_value", body
+    assert "64 KB" in body["message"], body
+    longest = ("Kennedy. " * 8000)[: 64 * 1024]
+    assert client.audio.transcriptions.create(file=wav, model="tiny.en", prompt=longest).text
+
+
 def test_models(client):
     assert [m.id for m in client.models.list()] == ["tiny.en", "whisper-1"]
     assert client.models.retrieve("whisper-1").id == "whisper-1"

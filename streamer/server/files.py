@@ -43,8 +43,13 @@ log = logging.getLogger("streamer.server")
 
 WHISPER_ALIAS = "whisper-1"
 """OpenAI's model name; clients written for OpenAI send it, and get the served model."""
-MAX_FIELD_BYTES = 64 * 1024
-"""Largest non-file form field (the prompt is the longest one that makes sense)."""
+MAX_PROMPT_BYTES = 64 * 1024
+"""Longest `prompt` (UTF-8): Whisper reads only its last 224 tokens, about 1 KB of text, so this is
+generous; checked by `_parse`, so that the error names the field."""
+MAX_TEXT_PART_BYTES = 4 * MAX_PROMPT_BYTES
+"""Largest text part the multipart parser holds, and the allowance for the text fields in the body
+beside the file. Above MAX_PROMPT_BYTES so that a long prompt reaches `_parse`'s check: Starlette's
+part-size error does not say which part it was. File parts are not limited by it."""
 GRANULARITIES = ("segment", "word")
 STREAM_FORMATS = ("json", "text")
 """The response formats `stream=true` serves: its events carry the text, nothing else."""
@@ -297,7 +302,7 @@ async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) ->
     too_large = ApiError(413, f"the upload is larger than the {max_bytes / 2**20:g} MB limit", "file_too_large",
                          param="file")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes + MAX_FIELD_BYTES:
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes + MAX_TEXT_PART_BYTES:
         raise too_large
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise ApiError(400, "send the audio as multipart/form-data with a `file` field", "invalid_request")
@@ -318,13 +323,13 @@ async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) ->
             failure = ClientGone()
             raise MultiPartException("client disconnected")
         received += len(message.get("body", b""))
-        if received > max_bytes + MAX_FIELD_BYTES:  # the form fields ride along with the file
+        if received > max_bytes + MAX_TEXT_PART_BYTES:  # the form fields ride along with the file
             failure = too_large
             raise MultiPartException(too_large.message)
         return message
 
     try:
-        return await Request(request.scope, receive).form(max_files=1, max_fields=32, max_part_size=MAX_FIELD_BYTES)
+        return await Request(request.scope, receive).form(max_files=1, max_fields=32, max_part_size=MAX_TEXT_PART_BYTES)
     except (HTTPException, MultiPartException) as e:  # ours, or Starlette's multipart errors
         if failure is not None:
             raise failure from None
@@ -400,7 +405,11 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     # OpenAI's translations take no `language` (the source language is detected); like any field
     # an endpoint does not define, it is ignored there, as OpenAI does.
     language = _language(text("language"), tok) if task == "transcribe" else None
-    options = DecodeOptions(task=task, language=language, prompt=text("prompt"),
+    prompt = text("prompt")
+    if prompt is not None and len(prompt.encode()) > MAX_PROMPT_BYTES:
+        raise ApiError(400, f"prompt is {len(prompt.encode()) / 1024:.0f} KB, over the {MAX_PROMPT_BYTES // 1024} KB "
+                            "limit (Whisper reads only its last 224 tokens)", "invalid_value", param="prompt")
+    options = DecodeOptions(task=task, language=language, prompt=prompt,
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,

@@ -37,6 +37,7 @@ from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.protocols import validation as v
 from streamer.protocols.outputs import logprobs_wire
 from streamer.server.auth import error_body
+from streamer.server.body import BodyStalled, BodyTooLarge, ClientGone, limited_receive
 
 T = TypeVar("T")
 log = logging.getLogger("streamer.server")
@@ -268,10 +269,6 @@ def _sse(event: dict) -> str:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready: there is nobody to answer."""
-
-
 async def while_connected(request: Request, work: Awaitable[T]) -> T:
     """`work`, cancelled (with its engine windows) if the client disconnects first: uvicorn does not
     cancel a handler whose client left, whose windows would otherwise decode for nobody. The body has
@@ -296,40 +293,38 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T:
 
 
 async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) -> FormData:
-    """The multipart form, its file spooled to a temporary file; 413 as soon as the body passes
-    `max_bytes` (declared or counted), 408 when it stalls for `idle_timeout_s`, `ClientGone` when
-    the client leaves. On every failure the temporary file is closed (so removed) at once."""
+    """The multipart form, its file spooled to a temporary file, under `body.limited_receive`'s
+    limits: 413 as soon as the body passes `max_bytes` (declared or counted), 408 when it stalls
+    for `idle_timeout_s`, `ClientGone` when the client leaves. On every failure the temporary file
+    is closed (so removed) at once."""
     too_large = ApiError(413, f"the upload is larger than the {max_bytes / 2**20:g} MB limit", "file_too_large",
                          param="file")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes + MAX_TEXT_PART_BYTES:
-        raise too_large
+    try:  # the form's text fields ride along with the file
+        limited = limited_receive(request, max_bytes + MAX_TEXT_PART_BYTES, idle_timeout_s)
+    except BodyTooLarge:
+        raise too_large from None
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise ApiError(400, "send the audio as multipart/form-data with a `file` field", "invalid_request")
-    received = 0
     failure: Exception | None = None
 
     async def receive():
         # Failures are raised as MultiPartException: the only exception on which Starlette's
         # parser closes the files it has opened.
-        nonlocal received, failure
+        nonlocal failure
         try:
-            message = await asyncio.wait_for(request.receive(), idle_timeout_s)
-        except asyncio.TimeoutError:
+            return await limited()
+        except BodyTooLarge:
+            failure = too_large
+        except BodyStalled:
             failure = ApiError(408, f"the upload stalled: no data for {idle_timeout_s:g} s", "upload_timeout",
                                param="file")
-            raise MultiPartException(failure.message) from None
-        if message["type"] == "http.disconnect":
-            failure = ClientGone()
-            raise MultiPartException("client disconnected")
-        received += len(message.get("body", b""))
-        if received > max_bytes + MAX_TEXT_PART_BYTES:  # the form fields ride along with the file
-            failure = too_large
-            raise MultiPartException(too_large.message)
-        return message
+        except ClientGone as e:
+            failure = e
+        raise MultiPartException(str(failure))
 
     try:
-        return await Request(request.scope, receive).form(max_files=1, max_fields=32, max_part_size=MAX_TEXT_PART_BYTES)
+        return await Request(request.scope, receive).form(max_files=1, max_fields=32,
+                                                          max_part_size=MAX_TEXT_PART_BYTES)
     except (HTTPException, MultiPartException) as e:  # ours, or Starlette's multipart errors
         if failure is not None:
             raise failure from None

@@ -372,7 +372,7 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     if stream not in ("true", "false"):
         raise ApiError(400, f"stream must be true or false, not {stream!r}", "invalid_value", param="stream")
     # The stream's events carry text only (OpenAI's `transcript.text.delta` / `.done`): a format or
-    # word timestamps they cannot carry are refused, not ignored, and never computed for nobody.
+    # word timestamps they cannot carry are refused rather than ignored, so nothing unsent is computed.
     if stream == "true" and "word" in granularities:
         raise ApiError(400, "timestamp_granularities[]=word is not streamed: the events carry text only; "
                             "send stream=false for word timestamps", "invalid_value", param="timestamp_granularities")

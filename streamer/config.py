@@ -6,6 +6,7 @@ Each dataclass is frozen: configuration flows down, nothing mutates it at run ti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -462,6 +463,7 @@ def check_settings(settings: Settings) -> None:
     parse_ice_servers(server.webrtc_ice_servers)
 
 
+@functools.cache  # asked on every connection and request; the served model's name is fixed per process
 def model_id(name: str) -> str:
     """The id a served model goes by on every API (`/v1/models`, the file API, Realtime sessions,
     `/v1/stream`'s `ready`, Deepgram's metadata, `/health`): a local checkpoint's directory name, not

@@ -272,6 +272,34 @@ def test_max_seconds(jfk_path, jfk):
     assert abs(len(decode_audio(live, max_seconds=12)) - len(jfk)) < 0.05 * SAMPLE_RATE
 
 
+def test_max_seconds_judges_the_audio_not_a_longer_video(jfk, tmp_path):
+    """A screen recording or video call whose video runs on after its sound stops: MAX_AUDIO_S was
+    checked against the container's duration, the longest of its tracks, so 4 s of speech under a
+    10 s video was refused at a 5 s limit. The audio stream's own duration decides."""
+    path = tmp_path / "call.mp4"
+    with av.open(str(path), "w", format="mp4") as out:
+        sound = out.add_stream("aac", rate=SAMPLE_RATE, layout="mono")
+        video = out.add_stream("mpeg4", rate=5)
+        video.width = video.height = 16
+        video.pix_fmt = "yuv420p"
+        frame = av.AudioFrame.from_ndarray(jfk[None, : 4 * SAMPLE_RATE], format="flt", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        for packet in [*sound.encode(frame), *sound.encode(None)]:
+            out.mux(packet)
+        grey = np.full((16, 16, 3), 128, np.uint8)
+        for i in range(10 * 5):
+            picture = av.VideoFrame.from_ndarray(grey, format="rgb24")
+            picture.pts = i
+            out.mux(video.encode(picture))
+        out.mux(video.encode(None))
+    with av.open(str(path)) as container:  # the file is what the test needs: a 10 s container, 4 s of audio
+        assert container.duration / av.time_base == pytest.approx(10, abs=0.3)
+    audio = decode_audio(path, max_seconds=5)
+    assert abs(len(audio) / SAMPLE_RATE - 4) < 0.1
+    with pytest.raises(AudioTooLarge, match=r"4\.\d s, longer than the 3 s limit"):
+        decode_audio(path, max_seconds=3)  # still refused up front, by the audio's duration
+
+
 def test_max_bytes(jfk_path):
     data = Path(jfk_path).read_bytes()
     with pytest.raises(AudioTooLarge, match=r"^jfk\.ogg: .* KB, larger than the 10 KB limit$") as info:

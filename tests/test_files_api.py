@@ -149,6 +149,23 @@ def test_streaming_sends_deltas_then_the_whole_text(client, jfk):
     assert wer(JFK, events[-1].text) < 0.1
 
 
+def test_streaming_takes_json_and_text_only(client, jfk):
+    """The stream's events carry text only: srt, vtt and verbose_json with stream=true were streamed
+    as text events, the format silently ignored, and `timestamp_granularities[]=word` aligned words
+    (an encoder pass more per window) that no event carried. Both are 400s naming the field."""
+    for fmt in ("srt", "vtt", "verbose_json"):
+        status, body = error_of(lambda: client.audio.transcriptions.create(
+            file=jfk, model="tiny.en", response_format=fmt, stream=True))
+        assert status == 400 and body["param"] == "response_format", (fmt, body)
+        assert "streaming supports only json and text" in body["message"], body
+    status, body = error_of(lambda: client.audio.transcriptions.create(
+        file=jfk, model="tiny.en", response_format="verbose_json", timestamp_granularities=["word"], stream=True))
+    assert status == 400 and body["param"] == "timestamp_granularities", body
+    assert "timestamp_granularities[]" in body["message"] and "word" in body["message"], body
+    events = list(client.audio.transcriptions.create(file=jfk, model="tiny.en", response_format="text", stream=True))
+    assert events[-1].type == "transcript.text.done" and wer(JFK, events[-1].text) < 0.1
+
+
 def test_a_streamed_accurate_response_sends_its_first_delta_early(client, long_minutes, tmp_path):
     """`accurate` hands each voted segment on once no later window can change it (`SegmentVote`):
     streamed through the server, 2.5 minutes of speech (several windows of each of the vote's
@@ -342,6 +359,21 @@ def test_errors_in_openai_shape(client, jfk):
     assert status == 400 and body["param"] == "mode"
     status, body = error_of(lambda: client.audio.translations.create(file=jfk, model="tiny.en"))
     assert status == 400 and "English-only" in body["message"]
+
+
+def test_a_prompt_over_the_limit_is_refused_by_name(client, jfk_path, tmp_path):
+    """A `prompt` over 64 KB hit Starlette's part limit: 400 "malformed multipart body: Part exceeded
+    maximum size of 64KB." with `param: null`, leaving the client to guess which part. It is a 400
+    naming `prompt`; a prompt at the limit with a file part far over it (a 350 KB WAV) is served."""
+    path = tmp_path / "jfk.wav"
+    write_wav(path, decode_audio(jfk_path))
+    wav = ("jfk.wav", path.read_bytes())
+    status, body = error_of(lambda: client.audio.transcriptions.create(file=wav, model="tiny.en",
+                                                                       prompt="Kennedy. " * 8000))  # 72 KB
+    assert status == 400 and body["param"] == "prompt" and body["code"] == "invalid_value", body
+    assert "64 KB" in body["message"], body
+    longest = ("Kennedy. " * 8000)[: 64 * 1024]
+    assert client.audio.transcriptions.create(file=wav, model="tiny.en", prompt=longest).text
 
 
 def test_models(client):

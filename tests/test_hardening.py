@@ -524,6 +524,29 @@ def test_stalled_and_abandoned_deepgram_uploads(engine):
     assert "ClientDisconnect" not in logs.text and "Exception in ASGI application" not in logs.text, logs.text
 
 
+def test_an_undeclared_body_is_counted_against_the_limit_on_both_endpoints(engine):
+    """A chunked body declares no length: the file endpoints and `/v1/listen` count it as it
+    arrives (`server/body.py`, the one reader of both) and answer 413 once it passes the limit,
+    without waiting for its end (it never comes here)."""
+    head = (b"--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ntiny.en\r\n"
+            b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n")
+    chunk = b"\x00" * 65536
+    with server(engine, max_upload_mb=1) as (url, logs):
+        port = int(url.rsplit(":", 1)[1])
+        for path, content_type, first in (("/v1/audio/transcriptions", "multipart/form-data; boundary=x", head),
+                                          ("/v1/listen", "audio/wav", b"RIFF")):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n".encode() + b"%x\r\n%s\r\n" % (len(first), first))
+            with contextlib.suppress(OSError):  # the server answers and closes mid-body
+                for _ in range(40):  # 2.5 MB, past the 1 MB limit (and the form's text allowance)
+                    s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            s.settimeout(10)
+            answer = s.recv(4096)
+            s.close()
+            assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 413 Request Entity Too Large", (path, answer)
+
+
 # --- log noise -----------------------------------------------------------------------------------------------
 
 def test_abrupt_disconnects_leave_no_noise_and_no_threads(engine, jfk16k):

@@ -77,7 +77,8 @@ def decode_audio(
 
     `source` is a path, the file's bytes, or a binary file object (read from its start).
     Over `max_bytes` is refused before anything is decoded; over `max_seconds` is refused
-    up front when the container declares its duration, else as soon as decoding passes it.
+    up front when the audio stream (else the container) declares its duration, else as soon as
+    decoding passes it.
     `name` replaces the file name in error messages.
     """
     data, name = _prepare(source, name, max_bytes)
@@ -368,10 +369,12 @@ def _audio_stream(container: av.container.InputContainer, name: str) -> av.audio
 
 
 def _declared_duration(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:
-    if container.duration is not None and container.duration > 0:
-        return container.duration / av.time_base
+    # The audio stream's own duration first: the container's is its longest track's, and a video
+    # whose picture runs on after the sound stops must not be judged by the picture.
     if stream.duration is not None and stream.time_base is not None and stream.duration > 0:
         return float(stream.duration * stream.time_base)
+    if container.duration is not None and container.duration > 0:
+        return container.duration / av.time_base
     return None
 
 

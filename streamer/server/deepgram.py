@@ -35,7 +35,8 @@ from streamer.protocols.deepgram import (CloseStream, Finalize, KeepAlive, Liste
 from streamer.protocols.outputs import Audio, Close, Send
 from streamer.server.bridge import Bridge, Finalized, StreamEvent
 from streamer.server.channels import ChannelStreams
-from streamer.server.files import ClientGone, while_connected
+from streamer.server.body import BodyStalled, BodyTooLarge, ClientGone, read_body
+from streamer.server.files import while_connected
 from streamer.server.socket_stream import SocketStream, to_protocol
 from streamer.server.state import ServerState
 from streamer.streaming.session import Session
@@ -161,40 +162,6 @@ def _decode_raw(body: bytes, options: ListenOptions, max_seconds: float) -> np.n
     return audio if options.multichannel else audio.mean(axis=0, keepdims=True)
 
 
-class _BodyRefused(Exception):
-    """A body not read to its end: the HTTP status and the error."""
-
-    def __init__(self, status: int, error: ListenError):
-        super().__init__(error.message)
-        self.status, self.error = status, error
-
-
-async def _read_body(request: Request, max_mb: float, idle_timeout_s: float) -> bytes:
-    """The request body, as the file endpoints read theirs (`files._read_form`): 413 as soon as it
-    passes `max_mb` (declared or counted), 408 when it stalls for `idle_timeout_s` (a stalled
-    client held the connection and the bytes so far for as long as it wished), `ClientGone` when
-    the client leaves (Starlette's `ClientDisconnect` was an ASGI traceback in the log)."""
-    max_bytes = int(max_mb * 2**20)
-    too_large = _BodyRefused(413, ListenError(f"the body is over the {max_mb:g} MB limit", "PAYLOAD_TOO_LARGE"))
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise too_large
-    body = bytearray()
-    while True:
-        try:
-            message = await asyncio.wait_for(request.receive(), idle_timeout_s)
-        except asyncio.TimeoutError:
-            raise _BodyRefused(408, ListenError(f"the upload stalled: no data for {idle_timeout_s:g} s",
-                                                "SLOW_UPLOAD")) from None
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        body += message.get("body", b"")
-        if len(body) > max_bytes:
-            raise too_large
-        if not message.get("more_body", False):
-            return bytes(body)
-
-
 async def listen_file(request: Request) -> JSONResponse:
     """`POST /v1/listen`: a recording in the body (any container PyAV reads, or raw audio with
     `encoding`), Deepgram's pre-recorded response shape."""
@@ -210,14 +177,14 @@ async def listen_file(request: Request) -> JSONResponse:
     if engine is None or state.shutting_down:
         return refuse(503, ListenError("the server is not ready", "SERVICE_UNAVAILABLE"))
     started = time.monotonic()
+    limits = state.settings.server
     try:
         options = parse_options(_query(request.scope), state.settings.streaming, engine.tokenizer.multilingual,
                                 set(engine.tokenizer.language_tokens), live=False)
         if request.headers.get("content-type", "").startswith("application/json"):
             raise ListenError("transcribing a URL needs network access this server does not have: send the "
                               "audio in the body", "INVALID_REQUEST")
-        limits = state.settings.server
-        body = await _read_body(request, limits.max_upload_mb, limits.upload_idle_timeout_s)
+        body = await read_body(request, int(limits.max_upload_mb * 2**20), limits.upload_idle_timeout_s)
         if options.encoding is not None:
             audio = await asyncio.to_thread(_decode_raw, bytes(body), options, limits.max_audio_s)
         else:
@@ -228,8 +195,11 @@ async def listen_file(request: Request) -> JSONResponse:
         decode = DecodeOptions(language=options.language)
         transcripts = await while_connected(request, asyncio.gather(*(
             transcribe_long(engine, a, mode=limits.mode, options=decode, word_timestamps=True) for a in audio)))
-    except _BodyRefused as e:
-        return refuse(e.status, e.error)
+    except BodyTooLarge:
+        return refuse(413, ListenError(f"the body is over the {limits.max_upload_mb:g} MB limit", "PAYLOAD_TOO_LARGE"))
+    except BodyStalled:
+        return refuse(408, ListenError(f"the upload stalled: no data for {limits.upload_idle_timeout_s:g} s",
+                                       "SLOW_UPLOAD"))
     except ClientGone:
         log.info("a /v1/listen client disconnected before its answer: its work is dropped")
         return Response(status_code=400)  # never read: the connection is gone

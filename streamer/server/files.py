@@ -37,15 +37,23 @@ from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.protocols import validation as v
 from streamer.protocols.outputs import logprobs_wire
 from streamer.server.auth import error_body
+from streamer.server.body import BodyStalled, BodyTooLarge, ClientGone, limited_receive
 
 T = TypeVar("T")
 log = logging.getLogger("streamer.server")
 
 WHISPER_ALIAS = "whisper-1"
 """OpenAI's model name; clients written for OpenAI send it, and get the served model."""
-MAX_FIELD_BYTES = 64 * 1024
-"""Largest non-file form field (the prompt is the longest one that makes sense)."""
+MAX_PROMPT_BYTES = 64 * 1024
+"""Longest `prompt` (UTF-8): Whisper reads only its last 224 tokens, about 1 KB of text, so this is
+generous; checked by `_parse`, so that the error names the field."""
+MAX_TEXT_PART_BYTES = 4 * MAX_PROMPT_BYTES
+"""Largest text part the multipart parser holds, and the allowance for the text fields in the body
+beside the file. Above MAX_PROMPT_BYTES so that a long prompt reaches `_parse`'s check: Starlette's
+part-size error does not say which part it was. File parts are not limited by it."""
 GRANULARITIES = ("segment", "word")
+STREAM_FORMATS = ("json", "text")
+"""The response formats `stream=true` serves: its events carry the text, nothing else."""
 INCLUDES = ("logprobs",)
 DEFAULT_TEMPERATURES = DecodeOptions().temperatures
 TEMPERATURE_STEP = 0.2
@@ -261,10 +269,6 @@ def _sse(event: dict) -> str:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready: there is nobody to answer."""
-
-
 async def while_connected(request: Request, work: Awaitable[T]) -> T:
     """`work`, cancelled (with its engine windows) if the client disconnects first: uvicorn does not
     cancel a handler whose client left, whose windows would otherwise decode for nobody. The body has
@@ -289,40 +293,38 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T:
 
 
 async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) -> FormData:
-    """The multipart form, its file spooled to a temporary file; 413 as soon as the body passes
-    `max_bytes` (declared or counted), 408 when it stalls for `idle_timeout_s`, `ClientGone` when
-    the client leaves. On every failure the temporary file is closed (so removed) at once."""
+    """The multipart form, its file spooled to a temporary file, under `body.limited_receive`'s
+    limits: 413 as soon as the body passes `max_bytes` (declared or counted), 408 when it stalls
+    for `idle_timeout_s`, `ClientGone` when the client leaves. On every failure the temporary file
+    is closed (so removed) at once."""
     too_large = ApiError(413, f"the upload is larger than the {max_bytes / 2**20:g} MB limit", "file_too_large",
                          param="file")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes + MAX_FIELD_BYTES:
-        raise too_large
+    try:  # the form's text fields ride along with the file
+        limited = limited_receive(request, max_bytes + MAX_TEXT_PART_BYTES, idle_timeout_s)
+    except BodyTooLarge:
+        raise too_large from None
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise ApiError(400, "send the audio as multipart/form-data with a `file` field", "invalid_request")
-    received = 0
     failure: Exception | None = None
 
     async def receive():
         # Failures are raised as MultiPartException: the only exception on which Starlette's
         # parser closes the files it has opened.
-        nonlocal received, failure
+        nonlocal failure
         try:
-            message = await asyncio.wait_for(request.receive(), idle_timeout_s)
-        except asyncio.TimeoutError:
+            return await limited()
+        except BodyTooLarge:
+            failure = too_large
+        except BodyStalled:
             failure = ApiError(408, f"the upload stalled: no data for {idle_timeout_s:g} s", "upload_timeout",
                                param="file")
-            raise MultiPartException(failure.message) from None
-        if message["type"] == "http.disconnect":
-            failure = ClientGone()
-            raise MultiPartException("client disconnected")
-        received += len(message.get("body", b""))
-        if received > max_bytes + MAX_FIELD_BYTES:  # the form fields ride along with the file
-            failure = too_large
-            raise MultiPartException(too_large.message)
-        return message
+        except ClientGone as e:
+            failure = e
+        raise MultiPartException(str(failure))
 
     try:
-        return await Request(request.scope, receive).form(max_files=1, max_fields=32, max_part_size=MAX_FIELD_BYTES)
+        return await Request(request.scope, receive).form(max_files=1, max_fields=32,
+                                                          max_part_size=MAX_TEXT_PART_BYTES)
     except (HTTPException, MultiPartException) as e:  # ours, or Starlette's multipart errors
         if failure is not None:
             raise failure from None
@@ -366,12 +368,20 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     if bad:
         raise ApiError(400, f"timestamp_granularities must be among {', '.join(GRANULARITIES)}, not {bad[0]!r}",
                        "invalid_value", param="timestamp_granularities")
-    if granularities and response_format != "verbose_json":
-        raise ApiError(400, "timestamp_granularities needs response_format=verbose_json", "invalid_value",
-                       param="timestamp_granularities")
     stream = (text("stream", "false") or "false").lower()
     if stream not in ("true", "false"):
         raise ApiError(400, f"stream must be true or false, not {stream!r}", "invalid_value", param="stream")
+    # The stream's events carry text only (OpenAI's `transcript.text.delta` / `.done`): a format or
+    # word timestamps they cannot carry are refused rather than ignored, so nothing unsent is computed.
+    if stream == "true" and "word" in granularities:
+        raise ApiError(400, "timestamp_granularities[]=word is not streamed: the events carry text only; "
+                            "send stream=false for word timestamps", "invalid_value", param="timestamp_granularities")
+    if stream == "true" and response_format not in STREAM_FORMATS:
+        raise ApiError(400, f"streaming supports only json and text, not response_format={response_format}; "
+                            "send stream=false for it", "invalid_value", param="response_format")
+    if granularities and response_format != "verbose_json":
+        raise ApiError(400, "timestamp_granularities needs response_format=verbose_json", "invalid_value",
+                       param="timestamp_granularities")
     include = [i.strip() for key in ("include[]", "include") for i in form.getlist(key) if isinstance(i, str)]
     bad = [i for i in include if i not in INCLUDES]
     if bad:
@@ -390,7 +400,11 @@ def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
     # OpenAI's translations take no `language` (the source language is detected); like any field
     # an endpoint does not define, it is ignored there, as OpenAI does.
     language = _language(text("language"), tok) if task == "transcribe" else None
-    options = DecodeOptions(task=task, language=language, prompt=text("prompt"),
+    prompt = text("prompt")
+    if prompt is not None and len(prompt.encode()) > MAX_PROMPT_BYTES:
+        raise ApiError(400, f"prompt is {len(prompt.encode()) / 1024:.0f} KB, over the {MAX_PROMPT_BYTES // 1024} KB "
+                            "limit (Whisper reads only its last 224 tokens)", "invalid_value", param="prompt")
+    options = DecodeOptions(task=task, language=language, prompt=prompt,
                             temperatures=_temperatures(text("temperature")))
     return FileRequest(upload=upload, options=options, response_format=response_format, mode=mode,
                        segments=not granularities or "segment" in granularities, words="word" in granularities,

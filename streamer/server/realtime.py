@@ -88,9 +88,18 @@ class RealtimeStream(SocketStream):
         self._carry_out(self.protocol.end(), finish_timeout=timeout)
         if self._retiring:
             await asyncio.wait(self._retiring, timeout=timeout)
-        server = self.state.settings.server
-        after_s = {"idle_timeout": server.idle_timeout_s, "no_audio": server.first_audio_timeout_s}.get(reason)
+        idle_s, first_audio_s = self._timeouts()
+        after_s = {"idle_timeout": idle_s, "no_audio": first_audio_s}.get(reason)
         self._carry_out(self.protocol.closed(reason, after_s))
+
+    def _timeouts(self) -> tuple[float, float]:
+        # Push-to-talk (`turn_detection: null`): the client sends nothing while its user thinks,
+        # and has no keepalive event to send (OpenAI's API has none; WebSocket pings never reach
+        # the app), so the session is held by `MANUAL_IDLE_TIMEOUT_S` instead.
+        if self.protocol.config.manual:
+            manual_s = self.state.settings.server.manual_idle_timeout_s
+            return manual_s, manual_s
+        return super()._timeouts()
 
     def _authorized(self) -> bool:
         # A client secret opens Realtime sessions in place of the API key.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import threading
 
 import av
 import numpy as np
@@ -114,3 +115,35 @@ def test_an_update_does_not_commit_what_a_commit_would_refuse(base, speech):
     committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
     assert committed["previous_item_id"] is None and events[-1]["item_id"] == committed["item_id"], events
     assert events[-1]["type"] == COMPLETED and events[-1]["transcript"], events
+
+
+@pytest.mark.parametrize("end", ["idle_timeout", "shutdown"])
+@pytest.mark.parametrize("ms", [50, 150])
+def test_the_end_of_a_session_commits_what_a_commit_would(engine, speech, end, ms):
+    """A push-to-talk session that ends (idle timeout, server shutdown) with audio appended since
+    its last commit ends its open item as a commit would: 150 ms is committed and transcribed,
+    50 ms (under OpenAI's 100-ms minimum) is dropped. The segmentation's end committed the 50 ms
+    anyway (`committed`, an empty `completed`), an item that a `commit` would have refused."""
+    pcm16k = {"type": "audio/pcm", "rate": 16000}
+    settings = load_settings({}, server={"manual_idle_timeout_s": 1.0 if end == "idle_timeout" else 60.0})
+    appended, events = threading.Event(), []
+
+    async def client(base: str) -> None:
+        async with manual_session(base, pcm16k) as connection:
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, ms)).decode())
+            # Bad base64, dropped: its error says that the append before it was read.
+            await connection.input_audio_buffer.append(audio="!")
+            assert (await connection.recv()).to_dict()["error"]["code"] == "invalid_audio"
+            appended.set()
+            events.extend([event.to_dict() async for event in connection])  # until the server closes
+
+    with running(create_app(settings, engine)) as base:
+        thread = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(client(base), 60)))
+        thread.start()
+        assert appended.wait(30)
+        if end == "idle_timeout":
+            thread.join()
+    thread.join()  # shutdown: leaving `running` stopped the server
+    kinds = [e["type"] for e in events]
+    taken = ["input_audio_buffer.committed", "conversation.item.input_audio_transcription.delta", COMPLETED]
+    assert kinds == (taken if ms >= 100 else []) + (["error"] if end == "idle_timeout" else []), events

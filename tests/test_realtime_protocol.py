@@ -257,6 +257,26 @@ def test_end_commits_the_open_item_and_finishes():
     assert (error["type"], error["code"], error["retry_after_s"]) == ("server_error", "overloaded", 2.0)
 
 
+def test_the_end_takes_a_manual_buffer_as_a_commit_would():
+    """With `turn_detection: null` the open item is the audio appended since the last commit: at
+    the end (idle timeout, shutdown) it is committed from 100 ms, else dropped, as a commit would
+    refuse it; the resampler's last samples come first, so that they open no item of their own."""
+    def manual(seconds: float, commit: bool = False) -> RealtimeProtocol:
+        p = protocol()
+        send(p, "session.update", session={"audio": {"input": {"turn_detection": None}}})
+        append(p, seconds)
+        if commit:
+            assert send(p, "input_audio_buffer.commit") == [Flush(1)]
+        return p
+
+    tail, finish = manual(0.1).end()
+    assert isinstance(tail, Feed) and finish == Finish(1)
+    tail, drop, finish = manual(0.09).end()
+    assert isinstance(tail, Feed) and drop == DropOpen(1) and finish == Finish(1)
+    tail, drop, finish = manual(0.5, commit=True).end()  # nothing appended since the commit
+    assert isinstance(tail, Feed) and drop == DropOpen(1) and finish == Finish(1)
+
+
 def test_a_segmentation_given_up_fails_its_committed_items_and_releases_the_later_ones():
     """A retired segmentation whose finals did not come back within the finish timeout: its
     committed items fail (in commit order), and the next segmentation's completions, held behind

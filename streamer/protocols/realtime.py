@@ -344,10 +344,6 @@ class RealtimeProtocol:
             elif seg.uncommitted:
                 seg.committed = seg.appended
                 out.append(Flush(seg.number))
-            elif config.segmentation_changes(seg.config):
-                # Under the minimum a commit refuses; the segmentation's end would commit it.
-                out.append(DropOpen(seg.number))
-                seg.committed = seg.appended
             if config.segmentation_changes(seg.config):
                 out += self._retire()
             else:  # the next items' language and prompts follow the new settings
@@ -371,14 +367,21 @@ class RealtimeProtocol:
         return seg
 
     def _retire(self) -> list[Output]:
-        """Finish the current segmentation: the resampler's last samples in, then `Finish`."""
+        """Finish the current segmentation: the resampler's last samples in, then `Finish`, whose
+        end commits the open item. With `turn_detection: null` that item is what a commit would
+        take: under `MIN_COMMIT_S` a commit refuses, so it is dropped (after the last samples, which
+        would otherwise open an item of their own)."""
         seg, self._seg = self._seg, None
         if seg is None:
             return []
         tail = seg.resampler.flush()
         seg.samples += len(tail)
         self._time_base = seg.offset + seg.time
-        return [Feed(seg.number, tail), Finish(seg.number)]
+        out: list[Output] = [Feed(seg.number, tail)]
+        if seg.manual and not seg.uncommitted:
+            out.append(DropOpen(seg.number))
+            seg.committed = seg.appended
+        return out + [Finish(seg.number)]
 
     def finished(self, number: int, timeout_s: float) -> list[Output]:
         """A `Finish` is done: the segmentation's finals are delivered, or were given up after

@@ -147,3 +147,39 @@ def test_the_end_of_a_session_commits_what_a_commit_would(engine, speech, end, m
     kinds = [e["type"] for e in events]
     taken = ["input_audio_buffer.committed", "conversation.item.input_audio_transcription.delta", COMPLETED]
     assert kinds == (taken if ms >= 100 else []) + (["error"] if end == "idle_timeout" else []), events
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["after_its_committed", "at_once"])
+def test_a_commit_of_what_max_length_committed_is_empty(base, jfk_path, speech, wait):
+    """With `turn_detection: null` a buffer that reaches `max_utterance_s` (28 s) is committed
+    automatically, at its quietest point. Here that point is the end (the last 64 ms are digital
+    silence), so 32 ms stay in the buffer: a commit then, whether the client waited for the
+    automatic `committed` or not, is `input_audio_buffer_commit_empty`, and the 32 ms go into the
+    next item. The automatic commit did not move the "committed up to" mark, so the commit was
+    taken and the 32 ms became an item of their own (QA session 31b)."""
+    pcm16k = {"type": "audio/pcm", "rate": 16000}
+    n = 28 * 16000 + 512  # the automatic commit comes with the first whole VAD frame past 28 s
+    audio = np.concatenate([np.tile(decode_audio(jfk_path), 3)[: n - 1024], np.zeros(1024, np.float32)])
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+
+    async def run() -> list[dict]:
+        async with manual_session(base, pcm16k) as connection:
+            for i in range(0, n, 1600):
+                await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + 1600].tobytes()).decode())
+            events = []
+            if wait:
+                events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
+                assert events[-1]["type"] == "input_audio_buffer.committed", events
+            await connection.input_audio_buffer.commit(event_id="late")
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, 500)).decode())
+            await connection.input_audio_buffer.commit(event_id="next")
+            while sum(e["type"] in (COMPLETED, FAILED) for e in events) < 2:
+                events.append((await asyncio.wait_for(connection.recv(), 120)).to_dict())
+            return events
+
+    events = asyncio.run(run())
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert len(committed) == 2 and [(e["code"], e["event_id"]) for e in errors] == [
+        ("input_audio_buffer_commit_empty", "late")], events
+    assert [e["item_id"] for e in events if e["type"] == COMPLETED] == committed, events

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from streamer.protocols.outputs import Close, Send
 from streamer.protocols.realtime import (Begin, DropOpen, Feed, Finish, Flush, Output, RealtimeProtocol, Reconfigure,
-                                         new_id)
+                                         Settle, new_id)
 from streamer.protocols.realtime_session import InvalidValue, RealtimeConfig
 from streamer.protocols.start import ModelInfo
 from streamer.protocols.validation import ValidationError
@@ -166,6 +166,10 @@ class RealtimeStream(SocketStream):
                                                             condition_on_previous=out.condition_on_previous)
             elif isinstance(out, Finish):
                 self._finish(out.number, self._finish_timeout_s if finish_timeout is None else finish_timeout)
+            elif isinstance(out, Settle):
+                self._bridges[out.number].settle()
+                if self._carry_out(self.protocol.settled(), finish_timeout):
+                    return True
         return False
 
     # --- segmentations ------------------------------------------------------------------------------

@@ -175,6 +175,12 @@ class ServerConfig:
     """Concurrent live streams; more are refused politely."""
     idle_timeout_s: float = 60.0
     """A stream that sends nothing for this long is closed."""
+    manual_idle_timeout_s: float = 1800.0
+    """A Realtime session with `turn_detection: null` (push-to-talk: the client commits) is held
+    this long without a client event, and without its first audio, in place of `idle_timeout_s`
+    and `first_audio_timeout_s`: OpenAI's Realtime API has no keepalive event and the SDKs'
+    WebSocket pings never reach the app, so a dictation user who thinks for a minute lost the
+    session. 30 min: OpenAI's own session lifetime."""
     max_message_bytes: int = 1 << 20
     """Largest WebSocket message accepted."""
     max_upload_mb: float = 200.0
@@ -278,6 +284,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "API_KEY": ("server", "api_key"),
     "MAX_SESSIONS": ("server", "max_sessions"),
     "IDLE_TIMEOUT_S": ("server", "idle_timeout_s"),
+    "MANUAL_IDLE_TIMEOUT_S": ("server", "manual_idle_timeout_s"),
     "MAX_UPLOAD_MB": ("server", "max_upload_mb"),
     "MAX_AUDIO_S": ("server", "max_audio_s"),
     "MODE": ("server", "mode"),
@@ -377,6 +384,7 @@ RANGES: dict[tuple[str, str], tuple[float | None, float | None, bool]] = {
     ("server", "workers"): (0, 256, False),
     ("server", "max_sessions"): (1, None, False),
     ("server", "idle_timeout_s"): (0, None, True),
+    ("server", "manual_idle_timeout_s"): (0, None, True),
     ("server", "max_message_bytes"): (1024, None, False),
     ("server", "max_upload_mb"): (0, None, True),
     ("server", "max_audio_s"): (0, None, True),

@@ -287,7 +287,8 @@ def test_ingress_keeps_websockets_open_and_routes_resumes_back(rendered):
         notes = one(objects, "Ingress")["metadata"]["annotations"]
         settings = load_settings(plain_env(objects))
         for key in ("proxy-read-timeout", "proxy-send-timeout"):
-            assert int(notes[f"nginx.ingress.kubernetes.io/{key}"]) >= 10 * settings.server.idle_timeout_s
+            timeout = int(notes[f"nginx.ingress.kubernetes.io/{key}"])
+            assert timeout >= 10 * settings.server.idle_timeout_s and timeout > settings.server.manual_idle_timeout_s
         body = notes["nginx.ingress.kubernetes.io/proxy-body-size"]
         assert body.endswith("m") and int(body[:-1]) > settings.server.max_upload_mb
     cookie = one(rendered["default"], "Ingress")["metadata"]["annotations"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import threading
 
 import av
 import numpy as np
@@ -114,3 +115,71 @@ def test_an_update_does_not_commit_what_a_commit_would_refuse(base, speech):
     committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
     assert committed["previous_item_id"] is None and events[-1]["item_id"] == committed["item_id"], events
     assert events[-1]["type"] == COMPLETED and events[-1]["transcript"], events
+
+
+@pytest.mark.parametrize("end", ["idle_timeout", "shutdown"])
+@pytest.mark.parametrize("ms", [50, 150])
+def test_the_end_of_a_session_commits_what_a_commit_would(engine, speech, end, ms):
+    """A push-to-talk session that ends (idle timeout, server shutdown) with audio appended since
+    its last commit ends its open item as a commit would: 150 ms is committed and transcribed,
+    50 ms (under OpenAI's 100-ms minimum) is dropped. The segmentation's end committed the 50 ms
+    anyway (`committed`, an empty `completed`), an item that a `commit` would have refused."""
+    pcm16k = {"type": "audio/pcm", "rate": 16000}
+    settings = load_settings({}, server={"manual_idle_timeout_s": 1.0 if end == "idle_timeout" else 60.0})
+    appended, events = threading.Event(), []
+
+    async def client(base: str) -> None:
+        async with manual_session(base, pcm16k) as connection:
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, ms)).decode())
+            # Bad base64, dropped: its error says that the append before it was read.
+            await connection.input_audio_buffer.append(audio="!")
+            assert (await connection.recv()).to_dict()["error"]["code"] == "invalid_audio"
+            appended.set()
+            events.extend([event.to_dict() async for event in connection])  # until the server closes
+
+    with running(create_app(settings, engine)) as base:
+        thread = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(client(base), 60)))
+        thread.start()
+        assert appended.wait(30)
+        if end == "idle_timeout":
+            thread.join()
+    thread.join()  # shutdown: leaving `running` stopped the server
+    kinds = [e["type"] for e in events]
+    taken = ["input_audio_buffer.committed", "conversation.item.input_audio_transcription.delta", COMPLETED]
+    assert kinds == (taken if ms >= 100 else []) + (["error"] if end == "idle_timeout" else []), events
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["after_its_committed", "at_once"])
+def test_a_commit_of_what_max_length_committed_is_empty(base, jfk_path, speech, wait):
+    """With `turn_detection: null` a buffer that reaches `max_utterance_s` (28 s) is committed
+    automatically, at its quietest point. Here that point is the end (the last 64 ms are digital
+    silence), so 32 ms stay in the buffer: a commit then, whether the client waited for the
+    automatic `committed` or not, is `input_audio_buffer_commit_empty`, and the 32 ms go into the
+    next item. The automatic commit did not move the "committed up to" mark, so the commit was
+    taken and the 32 ms became an item of their own (QA session 31b)."""
+    pcm16k = {"type": "audio/pcm", "rate": 16000}
+    n = 28 * 16000 + 512  # the automatic commit comes with the first whole VAD frame past 28 s
+    audio = np.concatenate([np.tile(decode_audio(jfk_path), 3)[: n - 1024], np.zeros(1024, np.float32)])
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+
+    async def run() -> list[dict]:
+        async with manual_session(base, pcm16k) as connection:
+            for i in range(0, n, 1600):
+                await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + 1600].tobytes()).decode())
+            events = []
+            if wait:
+                events.append((await asyncio.wait_for(connection.recv(), 60)).to_dict())
+                assert events[-1]["type"] == "input_audio_buffer.committed", events
+            await connection.input_audio_buffer.commit(event_id="late")
+            await connection.input_audio_buffer.append(audio=base64.b64encode(encoded(speech, pcm16k, 500)).decode())
+            await connection.input_audio_buffer.commit(event_id="next")
+            while sum(e["type"] in (COMPLETED, FAILED) for e in events) < 2:
+                events.append((await asyncio.wait_for(connection.recv(), 120)).to_dict())
+            return events
+
+    events = asyncio.run(run())
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert len(committed) == 2 and [(e["code"], e["event_id"]) for e in errors] == [
+        ("input_audio_buffer_commit_empty", "late")], events
+    assert [e["item_id"] for e in events if e["type"] == COMPLETED] == committed, events

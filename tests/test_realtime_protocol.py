@@ -13,7 +13,7 @@ import pytest
 from streamer.config import StreamingConfig
 from streamer.protocols.outputs import Close, Send
 from streamer.protocols.realtime import (COMPLETED, DELTA, FAILED, Begin, DropOpen, Feed, Finish, Flush,
-                                         RealtimeProtocol, Reconfigure)
+                                         RealtimeProtocol, Reconfigure, Settle)
 from streamer.protocols.start import ModelInfo
 from streamer.streaming.events import Final, SpeechStarted, SpeechStopped
 from streamer.streaming.live import Committed, Finalized
@@ -33,6 +33,13 @@ def send(p: RealtimeProtocol, type_: str, **fields) -> list:
 def append(p: RealtimeProtocol, seconds: float, rate: int = 24000) -> list:
     tone = (3000 * np.sin(np.arange(int(seconds * rate)) / 7)).astype("<i2").tobytes()
     return send(p, "input_audio_buffer.append", audio=base64.b64encode(tone).decode())
+
+
+def settled(p: RealtimeProtocol, outputs: list) -> list:
+    """A manual-mode decision on the buffer: `Settle` first (the transport's VAD catches up), then
+    what the protocol decided."""
+    assert outputs == [Settle(1)], outputs
+    return p.settled()
 
 
 def events(outputs: list) -> list[dict]:
@@ -123,14 +130,15 @@ def test_manual_commits_need_a_tenth_of_a_second():
                                                                   "input_audio_buffer", "c0")
     begin, _ = append(p, 0.05)
     assert begin.streaming.manual_commit and not begin.streaming.partials
-    assert the_error(send(p, "input_audio_buffer.commit"))["message"] == "the input audio buffer holds nothing to commit"
+    error = the_error(settled(p, send(p, "input_audio_buffer.commit", event_id="c1")))
+    assert (error["message"], error["event_id"]) == ("the input audio buffer holds nothing to commit", "c1")
     append(p, 0.1)
-    assert send(p, "input_audio_buffer.commit") == [Flush(1)]
-    assert the_error(send(p, "input_audio_buffer.commit"))["code"] == "input_audio_buffer_commit_empty"
+    assert settled(p, send(p, "input_audio_buffer.commit")) == [Flush(1)]
+    assert the_error(settled(p, send(p, "input_audio_buffer.commit")))["code"] == "input_audio_buffer_commit_empty"
     append(p, 0.3)
     clear = send(p, "input_audio_buffer.clear")
     assert clear[0] == DropOpen(1) and events(clear)[0]["type"] == "input_audio_buffer.cleared"
-    assert the_error(send(p, "input_audio_buffer.commit"))["code"] == "input_audio_buffer_commit_empty"
+    assert the_error(settled(p, send(p, "input_audio_buffer.commit")))["code"] == "input_audio_buffer_commit_empty"
     # Manual items have no speech_started / speech_stopped of their own.
     assert p.on_event(1, SpeechStarted(0.0, 1)) == [] and p.on_event(1, SpeechStopped(0.15, 1)) == []
     (committed,) = events(p.on_event(1, Committed(1, 0.0, 0.15, 0.15)))
@@ -255,6 +263,53 @@ def test_end_commits_the_open_item_and_finishes():
     assert "60 s" in said.message["error"]["message"]
     error = events(p.refuse("overloaded", "full", 1013, 2.0))[0]["error"]
     assert (error["type"], error["code"], error["retry_after_s"]) == ("server_error", "overloaded", 2.0)
+
+
+def test_the_end_takes_a_manual_buffer_as_a_commit_would():
+    """With `turn_detection: null` the open item is the audio appended since the last commit: at
+    the end (idle timeout, shutdown) it is committed from 100 ms, else dropped, as a commit would
+    refuse it; the resampler's last samples come first, so that they open no item of their own."""
+    def manual(seconds: float, commit: bool = False) -> RealtimeProtocol:
+        p = protocol()
+        send(p, "session.update", session={"audio": {"input": {"turn_detection": None}}})
+        append(p, seconds)
+        if commit:
+            assert settled(p, send(p, "input_audio_buffer.commit")) == [Flush(1)]
+        return p
+
+    p = manual(0.1)
+    tail, finish = settled(p, p.end())
+    assert isinstance(tail, Feed) and finish == Finish(1)
+    p = manual(0.09)
+    tail, drop, finish = settled(p, p.end())
+    assert isinstance(tail, Feed) and drop == DropOpen(1) and finish == Finish(1)
+    p = manual(0.5, commit=True)  # nothing appended since the commit
+    tail, drop, finish = settled(p, p.end())
+    assert isinstance(tail, Feed) and drop == DropOpen(1) and finish == Finish(1)
+
+
+def test_an_automatic_commit_at_max_length_ends_the_manual_buffer():
+    """A manual buffer that reaches `max_utterance_s` is committed where the VAD cut it; a commit
+    after it counts only what came after the cut. Whether the cut has come is known once the
+    transport's VAD has all the audio, so each decision on the buffer waits for a `Settle`: the
+    commit, an update (which commits the buffer), the end. The automatic commit did not move the
+    mark: a commit 32 ms after it was taken, and those 32 ms became an item (QA session 31b)."""
+    p = protocol()
+    send(p, "session.update", session={"audio": {"input": {"turn_detection": None}}})
+    for _ in range(28):
+        append(p, 1.0)
+    append(p, 0.032)
+    commit = send(p, "input_audio_buffer.commit", event_id="late")
+    # The transport's VAD cuts at 28 s, while it settles for the commit.
+    (committed,) = events(p.on_event(1, Committed(1, 0.0, 28.0, 28.0)))
+    assert committed["type"] == "input_audio_buffer.committed"
+    error = the_error(settled(p, commit))
+    assert (error["code"], error["event_id"]) == ("input_audio_buffer_commit_empty", "late")
+    append(p, 0.07)  # 32 ms + 70 ms since the cut
+    assert settled(p, send(p, "input_audio_buffer.commit")) == [Flush(1)]
+    append(p, 0.5)
+    update = settled(p, send(p, "session.update", session={"audio": {"input": {"transcription": {"prompt": "x"}}}}))
+    assert update[0] == Flush(1) and events(update)[0]["type"] == "session.updated"
 
 
 def test_a_segmentation_given_up_fails_its_committed_items_and_releases_the_later_ones():

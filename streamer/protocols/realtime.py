@@ -15,6 +15,8 @@ segmentations, each of which the transport runs as a `Session` with its `Bridge`
     Finish(number)                         deliver its last finals in the background, then
                                            answer `finished(number, timeout_s)` (the finals it
                                            gave up on fail their items)
+    Settle(number)                         hand it the audio still waiting for the VAD now (its
+                                           events come through `on_event`), then answer `settled()`
 
 The bridges' events come back through `on_event(number, event)`:
 
@@ -27,20 +29,24 @@ The bridges' events come back through `on_event(number, event)`:
 
 With `turn_detection: null` the client cuts items: the segmentation's Session then runs with
 `manual_commit` (its one open utterance is the audio appended since the last commit, and
-`commit` is `Flush`). A `session.update` that changes the rate, the format or the turn detection
-after audio has been appended commits the open item and begins a new segmentation at the current
-stream time; the old one finishes its finals in the background. An item is named by its
-segmentation and utterance (`ItemKey`).
+`commit` is `Flush`). A buffer that reaches `max_utterance_s` is committed automatically, where
+the VAD finds it quietest; so a decision on what the buffer holds (a commit, an update, the end)
+waits for a `Settle`, which brings in the automatic commits of all the audio before it. A
+`session.update` that changes the rate, the format or the turn detection after audio has been
+appended commits the open item and begins a new segmentation at the current stream time; the old
+one finishes its finals in the background. An item is named by its segmentation and utterance
+(`ItemKey`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import secrets
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 
@@ -61,6 +67,7 @@ FAILED = "conversation.item.input_audio_transcription.failed"
 
 MIN_COMMIT_S = 0.1
 """A manual commit of less audio than this is `input_audio_buffer_commit_empty` (as OpenAI)."""
+EMPTY_BUFFER = "the input audio buffer holds nothing to commit"
 MAX_ERROR_CHARS = 300
 """Longest error message (it may quote what the client sent)."""
 MAX_ID_CHARS = 64
@@ -121,7 +128,12 @@ class Finish:
     number: int
 
 
-Output = Union[Send, Close, Begin, Feed, Flush, DropOpen, Reconfigure, Finish]
+@dataclass(frozen=True)
+class Settle:
+    number: int
+
+
+Output = Union[Send, Close, Begin, Feed, Flush, DropOpen, Reconfigure, Finish, Settle]
 
 
 class ItemKey(NamedTuple):
@@ -155,7 +167,8 @@ class _Segmentation:
     """Samples the client appended, at its own rate: what OpenAI's 100-ms rule counts (the
     resampler holds its last few samples back until more come, so `time` runs a little behind)."""
     committed: int = 0
-    """`appended` up to which audio was committed or cleared (manual mode)."""
+    """`appended` up to which audio was committed (by the client, or automatically at
+    `max_utterance_s`) or cleared (manual mode)."""
 
     @property
     def time(self) -> float:
@@ -200,6 +213,8 @@ class RealtimeProtocol:
         """Messages of finalised items waiting for earlier items' completions."""
         self._commit_event: str | None = None
         """The client `event_id` of the server-VAD commit awaiting `flushed`."""
+        self._on_settled: Callable[[], list[Output]] | None = None
+        """The decision on a manual buffer awaiting `settled`."""
 
     # --- the connection -------------------------------------------------------------------------
 
@@ -231,6 +246,9 @@ class RealtimeProtocol:
         """The client is done (or the server shuts down): commit the open item and finish the
         current segmentation; close with `closed(reason)` once every `Finish` is done."""
         self.ended = True
+        seg = self._seg
+        if seg is not None and seg.manual:
+            return self._after_settling(seg, self._retire)
         return self._retire()
 
     def closed(self, reason: str, after_s: float | None = None) -> list[Output]:
@@ -307,14 +325,19 @@ class RealtimeProtocol:
     def _commit(self, client_event: str | None) -> list[Output]:
         seg = self._seg
         if seg is not None and seg.manual:
-            if seg.uncommitted:
-                seg.committed = seg.appended
-                return [Flush(seg.number)]
-        elif seg is not None:
+            return self._after_settling(seg, functools.partial(self._commit_buffer, seg, client_event))
+        if seg is not None:
             self._commit_event = client_event
             return [Flush(seg.number, report=True)]
-        raise InvalidValue("the input audio buffer holds nothing to commit", "input_audio_buffer",
-                           "input_audio_buffer_commit_empty")
+        raise InvalidValue(EMPTY_BUFFER, "input_audio_buffer", "input_audio_buffer_commit_empty")
+
+    def _commit_buffer(self, seg: _Segmentation, client_event: str | None) -> list[Output]:
+        """A manual commit, once the audio before it is settled."""
+        if not seg.uncommitted:
+            return [self.error("invalid_request_error", "input_audio_buffer_commit_empty", EMPTY_BUFFER,
+                               "input_audio_buffer", client_event)]
+        seg.committed = seg.appended
+        return [Flush(seg.number)]
 
     def flushed(self, opened: bool) -> list[Output]:
         """How a `Flush` with `report` went: a server-VAD commit with no speech open is an error."""
@@ -335,6 +358,12 @@ class RealtimeProtocol:
 
     def _update(self, session: Any, *, beta: bool) -> list[Output]:
         config = parse_update(session, self.config, beta=beta, vad=self.defaults.vad, model=self.model)
+        seg = self._seg
+        if seg is not None and seg.manual:  # it commits the buffer, as a commit would
+            return self._after_settling(seg, functools.partial(self._apply_update, config, beta))
+        return self._apply_update(config, beta)
+
+    def _apply_update(self, config: RealtimeConfig, beta: bool) -> list[Output]:
         out: list[Output] = []
         seg = self._seg
         if seg is not None:
@@ -344,10 +373,6 @@ class RealtimeProtocol:
             elif seg.uncommitted:
                 seg.committed = seg.appended
                 out.append(Flush(seg.number))
-            elif config.segmentation_changes(seg.config):
-                # Under the minimum a commit refuses; the segmentation's end would commit it.
-                out.append(DropOpen(seg.number))
-                seg.committed = seg.appended
             if config.segmentation_changes(seg.config):
                 out += self._retire()
             else:  # the next items' language and prompts follow the new settings
@@ -360,6 +385,18 @@ class RealtimeProtocol:
 
     # --- segmentations ------------------------------------------------------------------------
 
+    def _after_settling(self, seg: _Segmentation, then: Callable[[], list[Output]]) -> list[Output]:
+        """`then()` once the audio appended to `seg` has all been through the VAD: where the
+        buffer begins depends on the automatic commits that audio makes, and the transport may
+        still hold some of it for the VAD (a client commits right after its last append)."""
+        self._on_settled = then
+        return [Settle(seg.number)]
+
+    def settled(self) -> list[Output]:
+        """A `Settle` is done (its automatic commits came through `on_event`): the decision it held."""
+        then, self._on_settled = self._on_settled, None
+        return then()
+
     def _begin(self, out: list[Output]) -> _Segmentation:
         """A new segmentation for the current config, at the current stream time."""
         c = self.config
@@ -371,14 +408,21 @@ class RealtimeProtocol:
         return seg
 
     def _retire(self) -> list[Output]:
-        """Finish the current segmentation: the resampler's last samples in, then `Finish`."""
+        """Finish the current segmentation: the resampler's last samples in, then `Finish`, whose
+        end commits the open item. With `turn_detection: null` that item is what a commit would
+        take: under `MIN_COMMIT_S` a commit refuses, so it is dropped (after the last samples, which
+        would otherwise open an item of their own)."""
         seg, self._seg = self._seg, None
         if seg is None:
             return []
         tail = seg.resampler.flush()
         seg.samples += len(tail)
         self._time_base = seg.offset + seg.time
-        return [Feed(seg.number, tail), Finish(seg.number)]
+        out: list[Output] = [Feed(seg.number, tail)]
+        if seg.manual and not seg.uncommitted:
+            out.append(DropOpen(seg.number))
+            seg.committed = seg.appended
+        return out + [Finish(seg.number)]
 
     def finished(self, number: int, timeout_s: float) -> list[Output]:
         """A `Finish` is done: the segmentation's finals are delivered, or were given up after
@@ -436,6 +480,8 @@ class RealtimeProtocol:
     def _on_committed(self, seg: _Segmentation, event: Committed) -> list[Output]:
         out: list[Output] = []
         item = self._item(ItemKey(seg.number, event.utterance_id))
+        if seg.manual:  # an automatic commit (at max length) ends the buffer as the client's would
+            seg.committed = max(seg.committed, round(event.end * seg.config.rate))
         # Server VAD without speech_stopped: a max-length cut, and speech goes on as the next item.
         cut = not seg.manual and not item.stopped
         if cut:

@@ -106,21 +106,22 @@ class Bridge:
         """The batcher's hand-back: a chunk that arrived at `arrived`, with its VAD scores."""
         self._run(self.policy.feed(pcm, arrived, probs))
 
-    def _drain(self) -> None:
-        """Before anything but audio: the audio still waiting in the batcher reaches the policy."""
+    def settle(self) -> None:
+        """Before anything but audio: the audio still waiting in the batcher reaches the policy
+        (its events are emitted now)."""
         if self.vad_batcher is not None and self.vad_batcher.holds(self):
             self.vad_batcher.drain()
 
     def flush(self) -> bool:
         """End the open utterance now (client's flush or commit); False when none was open."""
-        self._drain()
+        self.settle()
         actions = self.policy.flush(time.monotonic())
         self._run(actions)
         return bool(actions)
 
     def drop_open(self) -> bool:
         """Abandon the open utterance: no events, no final (Realtime's `clear`); False when none was open."""
-        self._drain()
+        self.settle()
         actions = self.policy.drop_open(time.monotonic())
         self._run(actions)
         return bool(actions)
@@ -142,7 +143,7 @@ class Bridge:
     async def finish(self, timeout: float) -> None:
         """End of audio: finalise the open utterance and wait (up to `timeout`) until every final
         is delivered; then drop what is left."""
-        self._drain()
+        self.settle()
         self._run(self.policy.close(time.monotonic()))
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)

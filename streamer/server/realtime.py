@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from streamer.protocols.outputs import Close, Send
 from streamer.protocols.realtime import (Begin, DropOpen, Feed, Finish, Flush, Output, RealtimeProtocol, Reconfigure,
-                                         new_id)
+                                         Settle, new_id)
 from streamer.protocols.realtime_session import InvalidValue, RealtimeConfig
 from streamer.protocols.start import ModelInfo
 from streamer.protocols.validation import ValidationError
@@ -88,9 +88,18 @@ class RealtimeStream(SocketStream):
         self._carry_out(self.protocol.end(), finish_timeout=timeout)
         if self._retiring:
             await asyncio.wait(self._retiring, timeout=timeout)
-        server = self.state.settings.server
-        after_s = {"idle_timeout": server.idle_timeout_s, "no_audio": server.first_audio_timeout_s}.get(reason)
+        idle_s, first_audio_s = self._timeouts()
+        after_s = {"idle_timeout": idle_s, "no_audio": first_audio_s}.get(reason)
         self._carry_out(self.protocol.closed(reason, after_s))
+
+    def _timeouts(self) -> tuple[float, float]:
+        # Push-to-talk (`turn_detection: null`): the client sends nothing while its user thinks,
+        # and has no keepalive event to send (OpenAI's API has none; WebSocket pings never reach
+        # the app), so the session is held by `MANUAL_IDLE_TIMEOUT_S` instead.
+        if self.protocol.config.manual:
+            manual_s = self.state.settings.server.manual_idle_timeout_s
+            return manual_s, manual_s
+        return super()._timeouts()
 
     def _authorized(self) -> bool:
         # A client secret opens Realtime sessions in place of the API key.
@@ -157,6 +166,10 @@ class RealtimeStream(SocketStream):
                                                             condition_on_previous=out.condition_on_previous)
             elif isinstance(out, Finish):
                 self._finish(out.number, self._finish_timeout_s if finish_timeout is None else finish_timeout)
+            elif isinstance(out, Settle):
+                self._bridges[out.number].settle()
+                if self._carry_out(self.protocol.settled(), finish_timeout):
+                    return True
         return False
 
     # --- segmentations ------------------------------------------------------------------------------

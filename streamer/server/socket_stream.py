@@ -253,14 +253,20 @@ class SocketStream:
         if self._outbox is not None:
             await self._outbox.flushed(SHUTDOWN_FLUSH_S)
 
+    def _timeouts(self) -> tuple[float, float]:
+        """(idle, first audio): how long the stream may send nothing, and how long after it opened
+        it may send no audio (`IDLE_TIMEOUT_S`, `FIRST_AUDIO_TIMEOUT_S`)."""
+        server = self.state.settings.server
+        return server.idle_timeout_s, server.first_audio_timeout_s
+
     async def _next_message(self) -> dict | str:
         """The client's next WebSocket message, or why none will come: `idle_timeout` (nothing
-        for `IDLE_TIMEOUT_S`), `no_audio` (no audio within `FIRST_AUDIO_TIMEOUT_S` of the
-        connection opening; other messages do not count) or `disconnect`."""
-        server = self.state.settings.server
-        timeout, why = server.idle_timeout_s, "idle_timeout"
-        if not self.audio_seen and server.first_audio_timeout_s:
-            left = self._opened + server.first_audio_timeout_s - time.monotonic()
+        for the idle timeout of `_timeouts`), `no_audio` (no audio within its first-audio timeout
+        of the connection opening; other messages do not count) or `disconnect`."""
+        idle_s, first_audio_s = self._timeouts()
+        timeout, why = idle_s, "idle_timeout"
+        if not self.audio_seen and first_audio_s:
+            left = self._opened + first_audio_s - time.monotonic()
             if left < timeout:
                 timeout, why = max(0.0, left), "no_audio"
         # Not `asyncio.wait_for`: before Python 3.12 it swallows a cancellation that comes while a

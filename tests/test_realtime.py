@@ -19,7 +19,7 @@ import websockets
 from openai import AsyncOpenAI
 from whisper_normalizer.english import EnglishTextNormalizer
 
-from streamer.audio.decode import decode_audio
+from streamer.audio.decode import audio_resampler, decode_audio
 from streamer.config import load_settings
 from streamer.engine.handle import Handle
 from streamer.engine.request import DecodeOptions, Priority
@@ -43,7 +43,8 @@ def wer(reference: str, hypothesis: str) -> float:
 
 
 def pcm24k(audio16k: np.ndarray) -> bytes:
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+    # The server's resampler settings (one thread): test_hardening counts this process's threads.
+    resampler = audio_resampler(format="s16", layout="mono", rate=RATE)
     frame = av.AudioFrame.from_ndarray(audio16k[None, :].astype(np.float32), format="flt", layout="mono")
     frame.sample_rate = 16000
     frames = resampler.resample(frame) + resampler.resample(None)

@@ -166,9 +166,7 @@ class StreamResampler:
         self.encoding = encoding
         self._frame_bytes = pcm_dtype(encoding).itemsize * channels
         self._pending = b""  # bytes of an incomplete sample frame at the end of the last chunk
-        # Made at the first chunk and dropped at flush()/close(): a libswresample graph runs a
-        # thread per core until it is freed, and a stream object may wait for the cyclic
-        # garbage collector (Realtime sessions left 30+ threads behind for a while).
+        # Made at the first chunk and dropped at flush()/close(): a new stream starts afresh.
         self._resampler: av.AudioResampler | None = None
         self._pts = 0  # input samples pushed so far, the timestamp of the next frame
 
@@ -208,7 +206,15 @@ class StreamResampler:
     def _new_resampler(self) -> av.AudioResampler | None:
         if self.rate == SAMPLE_RATE:
             return None
-        return av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        return audio_resampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+
+
+def audio_resampler(**options) -> av.AudioResampler:
+    """`av.AudioResampler(**options)` on the caller's thread. A filter graph's default is a thread
+    per core, alive until the cyclic garbage collector frees the graph (PyAV 18.1: a graph and its
+    filters hold each other), so every live stream kept a core's worth of threads after it ended;
+    resampling one stream's chunk is microseconds of work."""
+    return av.AudioResampler(threads=1, **options)
 
 
 def write_wav(path: str | os.PathLike, audio: np.ndarray, rate: int = SAMPLE_RATE) -> None:
@@ -261,8 +267,8 @@ class _MonoConverter:
             n = len(frame.layout.channels)
             self._mix = not self._keep and n > 1 and any(c.name == "NONE" for c in frame.layout.channels)
             self._channels = n if self._keep or self._mix else None
-            self._resampler = av.AudioResampler(format="s16", layout=frame.layout.name if self._channels else "mono",
-                                                rate=SAMPLE_RATE)
+            self._resampler = audio_resampler(format="s16", layout=frame.layout.name if self._channels else "mono",
+                                              rate=SAMPLE_RATE)
         frame.pts = None  # the FIFO insists on gapless timestamps; only the samples matter here
         self._fifo.write(frame)
         if self._fifo.samples >= BATCH_SECONDS * frame.sample_rate:

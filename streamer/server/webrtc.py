@@ -16,7 +16,6 @@ import logging
 import secrets
 import time
 
-import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
@@ -25,6 +24,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from streamer.audio import SAMPLE_RATE
+from streamer.audio.decode import audio_resampler
 from streamer.protocols.native import DataChannelProtocol, DecodeFailed, Flush, Output, Stop, session_message
 from streamer.protocols.outputs import Close, Send
 from streamer.protocols.start import ModelInfo, ProtocolError, StartOptions, parse_start
@@ -77,7 +77,7 @@ class WebRtcStream:
         self.channel = None
         self._pending: list[dict] = []
         """Messages made before the data channel opened."""
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        self._resampler = audio_resampler(format="flt", layout="mono", rate=SAMPLE_RATE)
         self._last_activity = time.monotonic()
         self._ending = False
         self._tasks: set[asyncio.Task] = set()

@@ -13,7 +13,7 @@ copy-on-write pages of the forkserver's children) in every process that maps the
 column holds those, and the growth is the upload's.
 
     python benchmarks/make_long_upload.py --hours 1 --out /tmp/long_1h.ogg
-    OMP_NUM_THREADS=1 python benchmarks/bench_upload_memory.py --file /tmp/long_1h.ogg --label before
+    OMP_NUM_THREADS=1 python benchmarks/bench_upload_memory.py --file /tmp/long_1h.ogg --label after
     ... --file /tmp/long_4h.ogg --stream both           # json and stream=true, a server each
 
 Transcripts go beside each file (`<file>.<label>.<json|stream>.txt`), so that two trees' texts can

@@ -3,7 +3,11 @@ joined with 0.5-3 s pauses under a low noise floor, encoded with PyAV as Ogg/Opu
 32 kbit/s, as the shared recordings are) and written piece by piece, so that a 4-hour file never
 sits in memory as samples. Beside it, `<file>.json` holds the reference text.
 
-    python benchmarks/make_long_upload.py --hours 4 --out /tmp/long_4h.ogg      # about 58 MB, ~2 min
+    python benchmarks/make_long_upload.py --hours 1 --out /tmp/long_1h.ogg      # 13 MB, ~40 s
+    python benchmarks/make_long_upload.py --seconds 14399 --out /tmp/long_4h.ogg
+
+A file of exactly 4 h is refused by the server's 4-hour limit (`MAX_AUDIO_S`): Ogg/Opus declares a
+duration 6.5 ms past its last sample, and the limit judges the declared duration first.
 """
 
 from __future__ import annotations
@@ -71,12 +75,13 @@ def write_long_upload(path: str, seconds: float, seed: int = 0) -> tuple[float, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hours", type=float, default=4.0)
+    p.add_argument("--hours", type=float, default=1.0)
+    p.add_argument("--seconds", type=float, default=None, help="the length in seconds (instead of --hours)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="the .ogg to write (not in the repository: tens of MB)")
     args = p.parse_args()
     t = time.perf_counter()
-    seconds, reference = write_long_upload(args.out, args.hours * 3600, args.seed)
+    seconds, reference = write_long_upload(args.out, args.seconds or args.hours * 3600, args.seed)
     with open(args.out + ".json", "w") as f:
         json.dump({"seconds": seconds, "seed": args.seed, "reference": reference}, f)
     size = os.path.getsize(args.out) / 2**20

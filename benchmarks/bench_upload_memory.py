@@ -78,7 +78,7 @@ class Sampler(threading.Thread):
             except psutil.NoSuchProcess:  # a decoder that ended between the listing and the read
                 continue
         out["total"] = sum(v for k, v in out.items() if k != "t")
-        return out
+        return {k: round(v, 1) for k, v in out.items()}
 
     def run(self) -> None:
         while not self._done.is_set():

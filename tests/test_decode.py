@@ -150,6 +150,41 @@ def test_too_many_channels_kept_apart_is_refused_mixed_is_not(jfk, tmp_path):
     np.testing.assert_allclose(decode_audio(path), jfk[:SAMPLE_RATE], atol=2e-4)
 
 
+def test_a_mixdown_of_unnamed_channels_is_their_mean_within_half_a_16_bit_step(jfk, tmp_path):
+    """A WAV of 9 channels has no channel names, so the decoder averages them itself; since
+    session 32 the mean is rounded to the 16-bit grid that every other file's samples lie on."""
+    path = tmp_path / "ch9.wav"
+    write_wav(path, jfk[:SAMPLE_RATE, None] * np.linspace(0.9, 0.1, 9, dtype=np.float32)[None, :])
+    mean = decode_audio(path, mono=False).mean(axis=0, dtype=np.float64)
+    np.testing.assert_allclose(decode_audio(path), mean, rtol=0, atol=0.5 / 32768 + 1e-9)
+
+
+def test_the_decoder_pool_gives_decode_audio(jfk, jfk_path, tmp_path):
+    """The gateway's decoder processes send 16-bit samples (half the bytes of float32: a 4-hour
+    upload's 0.92 GB was held twice in the child and twice in the gateway, session 32); the pool
+    gives back exactly what `decode_audio` gives in-process."""
+    import asyncio
+
+    from streamer.server.decoder import DecoderPool
+
+    stereo = tmp_path / "stereo.wav"
+    write_wav(stereo, np.stack([0.8 * jfk, 0.4 * jfk], axis=1), 48000)
+    cases = [(jfk_path, True), (stereo, True), (stereo, False)]  # Opus; a mixdown; channels apart
+    pool = DecoderPool(1)
+
+    async def main():
+        return [await pool.decode(Path(p).read_bytes(), name="x", mono=mono) for p, mono in cases]
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        pool.close()
+    assert not pool.inline
+    for audio, (p, mono) in zip(got, cases):
+        assert audio.dtype == np.float32
+        np.testing.assert_array_equal(audio, decode_audio(p, mono=mono))
+
+
 def test_write_wav_round_trip(jfk, tmp_path):
     write_wav(tmp_path / "jfk.wav", jfk)
     np.testing.assert_allclose(decode_audio(tmp_path / "jfk.wav"), jfk, atol=0.5 / 32768 + 1e-7)

@@ -153,6 +153,38 @@ def test_max_utterance_cuts_at_pauses(vad, long_audio, uncut):
         assert probs[f] < 0.2 and levels[f] < 0.05 * np.median(levels[f - 300 : f])
 
 
+def whole_recording_segments(audio: np.ndarray, config: VADConfig, vad: SileroVAD) -> list[tuple[int, int]]:
+    """`speech_segments` as it was before session 32, the reference: the recording scored in one
+    piece (6 times its size in memory at once)."""
+    padded = np.concatenate([audio, np.zeros(-len(audio) % FRAME, np.float32)])
+    probs = vad.probabilities(vad.new_state(), padded)
+    levels = frame_rms(padded.reshape(-1, FRAME))
+    segmenter = UtteranceSegmenter(config)
+    events = [e for p, r in zip(probs.tolist(), levels.tolist()) for e in segmenter.push(p, r)]
+    events += segmenter.flush(len(audio))
+    segments, start = [], None
+    for e in events:
+        if e.kind == "start":
+            start = e.sample
+        elif e.kind in ("cut", "end"):
+            segments.append((start, min(e.sample, len(audio))))
+            start = e.sample
+        else:
+            start = None
+    return segments
+
+
+def test_a_recording_scored_a_block_at_a_time_is_cut_as_in_one_piece(vad, long_audio):
+    """`speech_segments` scores a recording one ONNX call's block at a time (a 4-hour upload took
+    +5 GB in one piece): the same utterances, to the sample, as the whole recording scored at once,
+    with a partial last frame and the long-form cutter's settings."""
+    audio = long_audio[:-100]
+    config = VADConfig(min_silence_ms=300, speech_pad_ms=200, max_utterance_s=28.0)
+    segments = speech_segments(audio, config, vad)
+    assert len(segments) >= 20  # 15 prompts, the long ones cut
+    assert segments == whole_recording_segments(audio, config, vad)
+
+
 @pytest.mark.parametrize("kind", ["zeros", "noise"])
 def test_silence_and_noise_have_no_speech(vad, kind):
     rng = np.random.default_rng(0)

@@ -1,6 +1,7 @@
 """Audio in: any file PyAV reads, or raw PCM chunks of a live stream, to float32 16 kHz mono.
 
-Files go through `decode_audio` (with size and duration limits checked as early as possible);
+Files go through `decode_audio` (with size and duration limits checked as early as possible), or
+`decode_pcm16` for the same samples as 16-bit integers (what libswresample gives; half the bytes);
 live PCM goes through `StreamResampler`, which keeps the resampler's state across chunks.
 Bad input raises `AudioDecodeError` only: a `ValueError` whose message names the file and says
 what is wrong in plain words, fit to hand back to a client.
@@ -81,6 +82,20 @@ def decode_audio(
     decoding passes it.
     `name` replaces the file name in error messages.
     """
+    return pcm16_to_float(decode_pcm16(source, max_seconds=max_seconds, max_bytes=max_bytes, name=name, mono=mono))
+
+
+def decode_pcm16(
+    source: Source,
+    *,
+    max_seconds: float | None = None,
+    max_bytes: int | None = None,
+    name: str | None = None,
+    mono: bool = True,
+) -> np.ndarray:
+    """`decode_audio`'s samples as int16 (`decode_audio` is `pcm16_to_float` of these): the
+    upload decoder's processes send these to the gateway, half the bytes of float32 (a 4-hour
+    upload: 0.46 GB instead of 0.92 GB pickled, and twice that in each process for a moment)."""
     data, name = _prepare(source, name, max_bytes)
     with _open(data, name) as container:
         stream = _audio_stream(container, name)
@@ -134,6 +149,13 @@ def _packet_seconds(packet: av.Packet) -> float:
     return 0.0
 
 
+def pcm16_to_float(pcm: np.ndarray) -> np.ndarray:
+    """int16 samples to float32 in [-1, 1) (x / 32768, exact), with one array allocated."""
+    samples = pcm.astype(np.float32)
+    samples *= 1 / 32768
+    return samples
+
+
 def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
     """Little-endian PCM (`pcm_s16le`, `pcm_f32le`) or G.711 (`mulaw`, `alaw`) to float32 in
     [-1, 1], interleaved as given."""
@@ -144,7 +166,7 @@ def pcm_to_float(data: bytes, encoding: str = "pcm_s16le") -> np.ndarray:
         return g711.decode(data, encoding)
     samples = np.frombuffer(data, dtype=dtype)
     if dtype.kind == "i":
-        return samples.astype(np.float32) / 32768.0
+        return pcm16_to_float(samples)
     return samples.astype(np.float32)
 
 
@@ -186,14 +208,15 @@ class StreamResampler:
         frame.time_base = Fraction(1, self.rate)
         frame.pts = self._pts
         self._pts += mono.size
-        return _frames_to_array(self._resampler.resample(frame))
+        return _frames_to_array(self._resampler.resample(frame), np.float32)
 
     def flush(self) -> np.ndarray:
         """End the stream: return the resampler's last samples and reset for a new stream.
 
         An incomplete sample left at the end is dropped.
         """
-        tail = np.zeros(0, np.float32) if self._resampler is None else _frames_to_array(self._resampler.resample(None))
+        tail = (np.zeros(0, np.float32) if self._resampler is None
+                else _frames_to_array(self._resampler.resample(None), np.float32))
         self.close()
         return tail
 
@@ -231,7 +254,7 @@ def write_wav(path: str | os.PathLike, audio: np.ndarray, rate: int = SAMPLE_RAT
 
 
 class _MonoConverter:
-    """Decoded frames of any format, layout and rate -> one float32 16 kHz mono array.
+    """Decoded frames of any format, layout and rate -> one int16 16 kHz mono array.
 
     Frames wait in a FIFO until about `BATCH_SECONDS` are there, then go through the resampler
     together. A change of format mid-stream (chained Ogg, a new layout) flushes the old
@@ -249,8 +272,10 @@ class _MonoConverter:
         self._mix = False
 
     def _convert(self, frame: av.AudioFrame | None) -> np.ndarray:
-        samples = _frames_to_array(self._resampler.resample(frame), self._channels)
-        return samples.mean(axis=0, dtype=np.float32) if self._mix else samples
+        samples = _frames_to_array(self._resampler.resample(frame), np.int16, self._channels)
+        if self._mix:  # back on the 16-bit grid: within half a step of the exact mean
+            return np.round(samples.mean(axis=0)).astype(np.int16)
+        return samples
 
     def add(self, frame: av.AudioFrame) -> None:
         key = (frame.format.name, frame.layout.name, frame.sample_rate)
@@ -290,7 +315,7 @@ class _MonoConverter:
         self._drain()
         chunks = [c for c in self._chunks if c.size] if self._keep else self._chunks
         if not chunks:
-            return np.zeros((1, 0) if self._keep else 0, np.float32)
+            return np.zeros((1, 0) if self._keep else 0, np.int16)
         if self._keep and len({c.shape[0] for c in chunks}) > 1:
             raise ValueError("the number of channels changes within the file")
         return np.concatenate(chunks, axis=-1)
@@ -304,13 +329,12 @@ class _MonoConverter:
         self._fifo = self._resampler = self._key = None
 
 
-def _frames_to_array(frames: list[av.AudioFrame], channels: int | None = None) -> np.ndarray:
-    """Packed frames (`flt` or `s16`) -> float32 [N] (mono), or [channels, N] of interleaved ones."""
+def _frames_to_array(frames: list[av.AudioFrame], dtype: type, channels: int | None = None) -> np.ndarray:
+    """Packed frames of the format of `dtype` (`flt`: float32, `s16`: int16) -> [N] (mono), or
+    [channels, N] of interleaved ones."""
     if not frames:
-        return np.zeros(0 if channels is None else (channels, 0), np.float32)
+        return np.zeros(0 if channels is None else (channels, 0), dtype)
     samples = np.concatenate([f.to_ndarray()[0] for f in frames])
-    if samples.dtype == np.int16:
-        samples = samples.astype(np.float32) / 32768.0
     return samples if channels is None else samples.reshape(-1, channels).T
 
 

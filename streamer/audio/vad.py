@@ -456,12 +456,20 @@ def speech_segments(audio: np.ndarray, config: VADConfig, vad: SileroVAD | None 
     """
     vad = vad or SileroVAD.shared()
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    # Like the package, score the last partial frame padded with zeros.
-    padded = np.concatenate([audio, np.zeros(-len(audio) % FRAME, np.float32)])
-    probs = vad.probabilities(vad.new_state(), padded)
-    levels = frame_rms(padded.reshape(-1, FRAME)) if len(padded) else np.zeros(0, np.float32)
+    state = vad.new_state()
     segmenter = UtteranceSegmenter(config)
-    events = [e for p, r in zip(probs.tolist(), levels.tolist()) for e in segmenter.push(p, r)]
+    events: list[VADEvent] = []
+    # A block of one ONNX call at a time (the same probabilities as in one piece, the same calls):
+    # the whole recording at once held a padded copy, a second copy, the model's input rows and
+    # the levels' float64 squares, 6 times the audio's size (a 4-hour upload: +5 GB; session 32).
+    block = MAX_BLOCK_FRAMES * FRAME
+    for start in range(0, len(audio), block):
+        chunk = audio[start:start + block]
+        if len(chunk) % FRAME:  # like the package, score the last partial frame padded with zeros
+            chunk = np.concatenate([chunk, np.zeros(-len(chunk) % FRAME, np.float32)])
+        probs = vad.probabilities(state, chunk)
+        levels = frame_rms(chunk.reshape(-1, FRAME))
+        events += [e for p, r in zip(probs.tolist(), levels.tolist()) for e in segmenter.push(p, r)]
     events += segmenter.flush(len(audio))
     segments: list[tuple[int, int]] = []
     start = None

@@ -2,9 +2,11 @@
 PyAV segfaulted on planar frames of 8 or more channels) kills a child, not the gateway process with
 every live stream it serves.
 
-`DecoderPool.decode(data, name=..., **kw)` runs `decode_audio` on the file's bytes in a
+`DecoderPool.decode(data, name=..., **kw)` runs `decode_pcm16` on the file's bytes in a
 `ProcessPoolExecutor` whose processes fork from a forkserver that has imported PyAV (a new child in
-milliseconds, not a spawn's second of imports). A crash breaks the whole executor, failing every
+milliseconds, not a spawn's second of imports), and turns the 16-bit samples it sends back into
+`decode_audio`'s float32 in the gateway: a result crosses pickled, so a 4-hour upload's float32
+(0.92 GB) was held twice in the child and twice in the gateway for a moment (session 32). A crash breaks the whole executor, failing every
 decode in flight with it: each of those runs once more in a child of its own, so only the file that
 crashes that one too is refused (`AudioDecodeError`, a 400).
 """
@@ -23,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from streamer.audio.decode import AudioDecodeError, decode_audio
+from streamer.audio.decode import AudioDecodeError, decode_pcm16, pcm16_to_float
 
 log = logging.getLogger("streamer.server")
 
@@ -59,8 +61,8 @@ class DecoderPool:
             await asyncio.gather(*(loop.run_in_executor(executor, time.sleep, WARM_S) for _ in range(self.processes)))
 
     async def decode(self, data: bytes, *, name: str, **kwargs) -> np.ndarray:
-        """`decode_audio(data, name=name, **kwargs)` in a child: its result, or its AudioDecodeError."""
-        return await self.run(functools.partial(decode_audio, data, name=name, **kwargs), name=name)
+        """`decode_audio(data, name=name, **kwargs)`, decoded in a child: its result, or its AudioDecodeError."""
+        return pcm16_to_float(await self.run(functools.partial(decode_pcm16, data, name=name, **kwargs), name=name))
 
     async def run(self, call: Callable[[], Any], *, name: str) -> Any:
         """`call()` (picklable) in a child; AudioDecodeError(name, ...) if the child dies on it twice."""

@@ -335,6 +335,28 @@ def test_max_seconds_judges_the_audio_not_a_longer_video(jfk, tmp_path):
         decode_audio(path, max_seconds=3)  # still refused up front, by the audio's duration
 
 
+def test_an_opus_file_of_exactly_the_limit_is_taken(jfk, tmp_path):
+    """Ogg/Opus declares its encoder's padding in its duration (6.5 ms past the last sample): a file
+    of exactly MAX_AUDIO_S was refused. The limit has a little slack (`LIMIT_SLACK_S`), no more."""
+    path = tmp_path / "exact.ogg"
+    with av.open(str(path), "w", format="ogg") as out:
+        sound = out.add_stream("libopus", rate=48000, layout="mono")
+        audio = np.resize(jfk, 2 * SAMPLE_RATE)  # exactly 2 s of speech, at 48 kHz for Opus
+        pcm = np.interp(np.arange(6 * SAMPLE_RATE) / 3, np.arange(audio.size), audio).astype(np.float32)
+        for i in range(0, pcm.size, 960):
+            frame = av.AudioFrame.from_ndarray(pcm[None, i:i + 960], format="flt", layout="mono")
+            frame.sample_rate, frame.pts = 48000, i
+            for packet in sound.encode(frame):
+                out.mux(packet)
+        for packet in sound.encode(None):
+            out.mux(packet)
+    with av.open(str(path)) as container:  # the file is what the test needs: declared past 2 s
+        assert container.duration / av.time_base > 2.0
+    assert abs(len(decode_audio(path, max_seconds=2)) - 2 * SAMPLE_RATE) < 0.01 * SAMPLE_RATE
+    with pytest.raises(AudioTooLarge, match="longer than the 1.8 s limit"):
+        decode_audio(path, max_seconds=1.8)
+
+
 def test_max_bytes(jfk_path):
     data = Path(jfk_path).read_bytes()
     with pytest.raises(AudioTooLarge, match=r"^jfk\.ogg: .* KB, larger than the 10 KB limit$") as info:

@@ -34,6 +34,9 @@ PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw
 _MIN_RATE, _MAX_RATE = 8000, 192000
 _MAX_CHANNELS = 8
 MAX_SEPARATE_CHANNELS = 16
+LIMIT_SLACK_S = 0.1
+"""How far a file may pass `max_seconds`, declared or decoded: Ogg/Opus counts its encoder's padding
+too (6.5 ms past the last sample), so a file of exactly the limit was refused."""
 """Channels a file decoded with `mono=False` may have: each is transcribed on its own, so the cap bounds one
 upload's work (a mixdown to mono takes any count)."""
 
@@ -100,7 +103,7 @@ def decode_pcm16(
     with _open(data, name) as container:
         stream = _audio_stream(container, name)
         declared = _declared_duration(container, stream)
-        if max_seconds is not None and declared is not None and declared > max_seconds:
+        if max_seconds is not None and declared is not None and declared > max_seconds + LIMIT_SLACK_S:
             raise AudioTooLarge(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
         if not mono and stream.codec_context.channels > MAX_SEPARATE_CHANNELS:
             raise AudioDecodeError(name, f"{stream.codec_context.channels} channels, more than the "
@@ -128,7 +131,7 @@ def decode_pcm16(
                 for frame in frames:
                     decoded_s += frame.samples / frame.sample_rate
                     converter.add(frame)
-                if max_seconds is not None and decoded_s > max_seconds:
+                if max_seconds is not None and decoded_s > max_seconds + LIMIT_SLACK_S:
                     raise AudioTooLarge(name, f"longer than the {max_seconds:g} s limit", "seconds")
             if bad > good:
                 raise AudioDecodeError(name, f"{first_error}; {bad} of {good + bad} packets are damaged")

@@ -62,6 +62,9 @@ class EngineConfig:
     encoder_graphs: bool = True
     """With `cuda_graphs`: capture the encoder too, per batch size up to `max_encoder_batch` (one
     launch per pass instead of hundreds from the model thread; measured in docs/benchmarks.md)."""
+    fill_files_first: bool = True
+    """While only file chunks are live, steps that admit more of them decode nothing until the batch is
+    full or the queue empty (`SchedulerConfig.fill_files_first`; off: every step decodes)."""
     overlap_encoder: bool = False
     """Encoder passes on a second CUDA stream (CUDA only): the live sequences' decode steps go on
     while a batch is encoded, and the batch joins them once its pass is done (one batch at a time).
@@ -269,6 +272,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "CUDA_GRAPHS": ("engine", "cuda_graphs"),
     "ENCODER_GRAPHS": ("engine", "encoder_graphs"),
     "OVERLAP_ENCODER": ("engine", "overlap_encoder"),
+    "FILL_FILES_FIRST": ("engine", "fill_files_first"),
     "DECODE_PRIORITY": ("engine", "decode_priority"),
     "STEP_SMS": ("engine", "step_sms"),
     "ASYNC_STEPS": ("engine", "async_steps"),

@@ -91,6 +91,37 @@ def test_many_windows_share_steps(tiny, manifest):
     assert m["steps"] < 0.5 * m["tokens"]
 
 
+def test_files_filling_the_batch_first_change_no_token_and_save_steps(tiny, manifest):
+    """`fill_files_first`: while file windows are still being admitted, the steps admit without
+    decoding (`StepPlan.held`), then every step decodes a full batch. Greedy tokens are the same as
+    with a decode in every step, in fewer steps."""
+    audios = _pick(manifest, "en", 12, skip=10)
+    options = DecodeOptions(language="en", temperatures=(0.0,))
+    results, plans = {}, {}
+    for fill in (False, True):
+        engine = Engine(tiny, EngineConfig(max_slots=16, max_encoder_batch=4, fill_files_first=fill))
+        seen, execute = [], engine.runner.execute
+
+        def record(plan, seen=seen, execute=execute):
+            seen.append((len(plan.encode), len(plan.decode), len(plan.held)))
+            return execute(plan)
+
+        engine.runner.execute = record
+        try:
+            results[fill] = asyncio.run(_all_at_once(engine, [(a, options) for a in audios]))
+        finally:
+            engine.close()
+        plans[fill] = seen
+    assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
+    assert all(r.text for r in results[True])
+    admitting = [p for p in plans[True] if p[0]]
+    # Every admission but the last holds what is live (the first may find the queue still filling).
+    assert all(decode == 0 for _, decode, _ in admitting[:-1]) and any(held for _, _, held in admitting)
+    assert not any(held for _, _, held in plans[False])
+    decode_steps = {fill: sum(1 for _, decode, _ in plans[fill] if decode) for fill in plans}
+    assert decode_steps[True] < decode_steps[False]
+
+
 def test_silence_and_noise_give_no_words(tiny):
     rng = np.random.default_rng(0)
     silence = np.zeros(16000 * 5, np.float32)
@@ -533,8 +564,11 @@ def test_the_runner_refuses_a_plan_that_is_not_its_state(tiny):
 
     engine = Engine(tiny, EngineConfig(max_slots=2))
     try:
-        with pytest.raises(RuntimeError, match="plan/runner mismatch: the plan decodes 1 sequences, the runner holds 0"):
+        with pytest.raises(RuntimeError, match="plan/runner mismatch: the plan decodes 1 sequences and holds 0, the "
+                                               "runner holds 0"):
             engine.runner.execute(StepPlan(decode=["nobody"]))
+        with pytest.raises(RuntimeError, match="the plan decodes 0 sequences and holds 1, the runner holds 0"):
+            engine.runner.execute(StepPlan(held=["nobody"]))
     finally:
         engine.close()
 

@@ -470,6 +470,8 @@ class FakeRunner:
             self.tokens_left.pop(rid, None)
         assert len(plan.encode) <= self.config.max_encoder_batch
         out = StepOutput()
+        assert not (plan.decode and plan.held)
+        assert set(plan.decode) | set(plan.held) == set(self.slots), "a live sequence neither decodes nor is held"
         for rid in plan.decode:
             assert rid in self.slots, f"decoding {rid} that holds no slot"
             self.tokens_left[rid] -= 1
@@ -549,7 +551,7 @@ def test_random_simulation_keeps_invariants(seed):
         plan = s.schedule(now)
         for r in plan.preempted:
             ends[r.id] += 1
-        assert all(requests[rid].state is RequestState.DECODING for rid in plan.decode)
+        assert all(requests[rid].state is RequestState.DECODING for rid in plan.decode + plan.held)
         assert not {r.id for r in plan.encode} & set(plan.decode)
         if plan.empty:
             continue
@@ -678,3 +680,48 @@ def test_encode_while_finals_zero_admits_only_finals_while_one_decodes():
     assert [r.id for r in step(s).encode] == ["f2"]
     assert step(s, finished=["f1", "f2"]).encode == []  # planned while they still decoded
     assert [r.id for r in step(s).encode] == ["p"]
+
+
+# Files fill the batch first.
+
+
+def test_files_fill_the_batch_before_any_decodes():
+    s = scheduler(max_slots=8, max_encoder_batch=2)
+    for k in range(6):
+        s.add(make(f"f{k}", FILE, deadline=10.0 + k))
+    plans = [step(s) for _ in range(4)]
+    assert [ids(p.encode) for p in plans] == [["f0", "f1"], ["f2", "f3"], ["f4", "f5"], []]
+    assert [p.held for p in plans] == [[], ["f0", "f1"], [], []]
+    # The last admission leaves nothing queued: the step decodes, and so does every one after it.
+    assert [p.decode for p in plans] == [[], [], ["f0", "f1", "f2", "f3"], ["f0", "f1", "f2", "f3", "f4", "f5"]]
+
+
+def test_files_decode_once_the_next_one_does_not_fit():
+    s = scheduler(max_slots=4, max_encoder_batch=2)
+    for k in range(6):
+        s.add(make(f"f{k}", FILE, deadline=10.0 + k))
+    step(s)
+    plan = step(s)  # fills the last two slots: nothing more fits, so the first two decode
+    assert ids(plan.encode) == ["f2", "f3"] and plan.decode == ["f0", "f1"] and plan.held == []
+
+
+def test_a_live_window_queued_or_decoding_turns_filling_off():
+    s = scheduler(max_slots=8, max_encoder_batch=1)
+    s.add(make("f0", FILE, deadline=10.0))
+    s.add(make("f1", FILE, deadline=11.0))
+    s.add(make("f2", FILE, deadline=12.0))
+    step(s)
+    s.add(make("p", PARTIAL, session="a", deadline=5.0))
+    plan = step(s)  # the partial ranks first: admitted, and the file decodes beside it
+    assert ids(plan.encode) == ["p"] and plan.decode == ["f0"] and plan.held == []
+    plan = step(s)  # a partial is live: files no longer wait
+    assert ids(plan.encode) == ["f1"] and plan.decode == ["f0", "p"] and plan.held == []
+
+
+def test_filling_first_can_be_turned_off():
+    s = Scheduler(SchedulerConfig(8, 2, 100, fill_files_first=False))
+    for k in range(6):
+        s.add(make(f"f{k}", FILE, deadline=10.0 + k))
+    plans = [step(s) for _ in range(3)]
+    assert [p.decode for p in plans] == [[], ["f0", "f1"], ["f0", "f1", "f2", "f3"]]
+    assert all(p.held == [] for p in plans)

@@ -132,7 +132,8 @@ class Engine:
             self.runner.warm_encoder(enc_batch)
             self.warm_admission()
         self.scheduler = Scheduler(SchedulerConfig(max_slots=slots, max_encoder_batch=enc_batch, max_queue=config.max_queue,
-                                                   encode_while_finals=self._encode_while_finals(config)))
+                                                   encode_while_finals=self._encode_while_finals(config),
+                                                   fill_files_first=config.fill_files_first))
         self.metrics_data = EngineMetrics()
         self._tickets: dict[str, Ticket] = {}
         self._ids = itertools.count()
@@ -171,7 +172,7 @@ class Engine:
             for k in range(WARMUP_MAX_STEPS + 2):
                 if k == WARMUP_MAX_STEPS:  # silence usually ends at once; whatever is left goes
                     # (the scheduler's live set is within the last plan: it is the source of truth)
-                    for request_id in plan.decode + plan.encoding + [r.id for r in plan.encode]:
+                    for request_id in plan.decode + plan.held + plan.encoding + [r.id for r in plan.encode]:
                         scheduler.cancel(request_id)
                 plan = scheduler.schedule(0.0)
                 if plan.empty:
@@ -395,7 +396,7 @@ class Engine:
                 res = self.runner.execute(plan)
             except Exception as e:  # a broken step must not kill the thread: fail what it held
                 log.exception("engine step failed")
-                failed = {r.id: repr(e) for r in plan.encode} | {i: repr(e) for i in plan.decode + plan.encoding}
+                failed = {r.id: repr(e) for r in plan.encode} | {i: repr(e) for i in plan.decode + plan.held + plan.encoding}
                 self.runner.reset()
                 with self._cond:
                     self.scheduler.update(StepOutput(failed=failed))

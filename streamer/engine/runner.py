@@ -241,11 +241,12 @@ class Runner:
 
     # --- one engine step ------------------------------------------------------------------------
 
-    def step(self, encode: list, released: list[str] = ()) -> StepResult:
-        """Drop `released` sequences, decode one token for every live one, then admit `encode`
-        (with a side stream: start its encoder pass, and admit the batches whose pass is done)."""
+    def step(self, encode: list, released: list[str] = (), decode: bool = True) -> StepResult:
+        """Drop `released` sequences, decode one token for every live one (none without `decode`:
+        the scheduler holds them while files fill the batch), then admit `encode` (with a side
+        stream: start its encoder pass, and admit the batches whose pass is done)."""
         with torch.inference_mode(), attention_for("prefill"), self._on_main():  # graphs captured in `_capture` bring their own
-            return self._step(encode, released)
+            return self._step(encode, released, decode)
 
     @contextlib.contextmanager
     def _on_main(self):
@@ -260,7 +261,7 @@ class Runner:
             yield
         caller.wait_stream(self.main)
 
-    def _step(self, encode: list, released: list[str]) -> StepResult:
+    def _step(self, encode: list, released: list[str], decode: bool = True) -> StepResult:
         out = StepResult()
         if released:
             gone = set(released)
@@ -278,7 +279,9 @@ class Runner:
             encode = []
             out.encode_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if self.slots and self.async_steps and all(s.group is None and s.request.priority == Priority.FILE
+        if not decode:
+            self._finish_in_flight(out)  # the step in flight is read back; nothing new is launched
+        elif self.slots and self.async_steps and all(s.group is None and s.request.priority == Priority.FILE
                                                    for s in self.slots):
             self._decode_async(out)
         else:
@@ -319,15 +322,16 @@ class Runner:
         truth: a mismatch is a bug, found here rather than as a wrong transcript later)."""
         gone = set(plan.released)
         live = {s.id for s in self.slots} - gone
-        if live != set(plan.decode):
-            raise RuntimeError(f"plan/runner mismatch: the plan decodes {len(set(plan.decode))} sequences, the runner "
-                               f"holds {len(live)} (only in the plan: {sorted(set(plan.decode) - live)[:3]}, only "
-                               f"here: {sorted(live - set(plan.decode))[:3]})")
+        planned = set(plan.decode) | set(plan.held)
+        if live != planned or (plan.decode and plan.held):
+            raise RuntimeError(f"plan/runner mismatch: the plan decodes {len(set(plan.decode))} sequences and holds "
+                               f"{len(set(plan.held))}, the runner holds {len(live)} (only in the plan: "
+                               f"{sorted(planned - live)[:3]}, only here: {sorted(live - planned)[:3]})")
         encoding = set(self._encoding_ids()) - gone
         if encoding != set(plan.encoding):
             raise RuntimeError(f"plan/runner mismatch: encoder passes {sorted(set(plan.encoding))[:3]} in the plan, "
                                f"{sorted(encoding)[:3]} here")
-        return self.step(plan.encode, plan.released)
+        return self.step(plan.encode, plan.released, decode=not plan.held)
 
     def reset(self) -> None:
         """Drop every live sequence and encoder pass (after a failed step: the scheduler fails them)."""

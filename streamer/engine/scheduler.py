@@ -33,6 +33,12 @@ Rules:
   that is due is queued, encoding or decoding: a fast sender gets the engine when the others leave
   it free, and its passes neither lengthen theirs nor share their decode steps (on the CPU a batch
   of two costs about twice one).
+- Files fill the batch first: while every live sequence is a file chunk, a step that admits file
+  chunks while more of them wait and fit in the free slots decodes nothing (`StepPlan.held`). A
+  decode step costs nearly as much half empty as full (the weights, ~550 kernel launches), so the
+  steps of a half-admitted batch are mostly waste: an upload's first tokens come a few encoder
+  passes later, its last ones sooner. Any live window, queued or decoding, turns this off (vLLM's
+  first scheduler also ran prefills before decodes; its v1 mixes them under a token budget).
 - Queue bound: `add()` refuses a request once the queue is filled to its class's share
   (`engine/admission.py`: finals the whole `max_queue`, partials and file windows half of it), so
   that finals keep room. A partial that replaces its session's queued partial does not grow the
@@ -78,6 +84,8 @@ class SchedulerConfig:
     """New live streams are refused from this fraction (when partials are refused already)."""
     early_s: float = 1.0
     """A live window due more than this far ahead ranks after the others (see the module doc)."""
+    fill_files_first: bool = True
+    """See "Files fill the batch first" in the module doc (measured in docs/benchmarks.md, session 33)."""
     encode_while_finals: int = 1
     """Windows other than finals admitted per step while a final decodes. H200, tiny.en, 400
     live streams: p95 finalisation 1.17 s with 4 (of 16), 0.91 s with 1; partials then come
@@ -119,11 +127,14 @@ class StepPlan:
     """Running partials evicted for a final; they are CANCELLED and their ids are in `released`."""
     released: list[str] = field(default_factory=list)
     """Ids of live sequences that were cancelled or preempted: the runner frees their slots."""
+    held: list[str] = field(default_factory=list)
+    """Ids of decoding sequences that skip this step (files filling the batch first): with `decode`,
+    every sequence the runner holds; either list is empty."""
 
     @property
     def empty(self) -> bool:
         """Nothing for the runner to do; such a plan needs no update()."""
-        return not (self.encode or self.decode or self.released or self.encoding)
+        return not (self.encode or self.decode or self.released or self.encoding or self.held)
 
 
 @dataclass
@@ -268,9 +279,13 @@ class Scheduler:
             self._live[request.id] = request
             self._used_slots += request.n_slots
             plan.encode.append(request)
-        plan.decode = [i for i, r in self._live.items() if r.state is RequestState.DECODING]
+        decoding = [i for i, r in self._live.items() if r.state is RequestState.DECODING]
+        if plan.encode and not plan.encoding and self._fill_first(now):
+            plan.held = decoding
+        else:
+            plan.decode = decoding
         if not plan.empty:
-            self._in_flight = {r.id: r for r in plan.encode} | {i: self._live[i] for i in plan.decode + plan.encoding}
+            self._in_flight = {r.id: r for r in plan.encode} | {i: self._live[i] for i in decoding + plan.encoding}
             self._in_flight_encode = {r.id for r in plan.encode} | set(plan.encoding)
         return plan
 
@@ -332,6 +347,17 @@ class Scheduler:
                 if best is None or key < best[0]:
                     best = (key, heap)
         return None if best is None else best[1]
+
+    def _fill_first(self, now: float) -> bool:
+        """Whether this step's decoding waits (see "Files fill the batch first"): only file chunks
+        are live, and the best-ranked queued request is a file chunk that fits in the free slots."""
+        if not self.config.fill_files_first or any(r.priority is not Priority.FILE for r in self._live.values()):
+            return False
+        heap = self._first(now)
+        if heap is None:
+            return False
+        request = heap[0][3]
+        return request.priority is Priority.FILE and request.n_slots <= self.free_slots
 
     def _early(self, request: Request, now: float) -> bool:
         """A live window whose client is more than `early_s` ahead of real time."""

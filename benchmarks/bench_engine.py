@@ -105,13 +105,15 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
     from streamer.model.whisper import KVCache
 
     # "PRESET+overlap": the preset with the encoder on a second stream (EngineConfig.overlap_encoder);
-    # "PRESET+overlapN": and N SMs for the decode steps while a pass runs (EngineConfig.step_sms).
+    # "PRESET+overlapN": and N SMs for the decode steps while a pass runs (EngineConfig.step_sms);
+    # "PRESET+nofill": every step decodes, also while windows are still admitted (fill_files_first off).
     precision, _, variant = (precision or "").partition("+")
-    if variant and not variant.removeprefix("overlap").isdigit() and variant != "overlap":
-        raise ValueError(f"{variant!r}: a variant is overlap or overlapN (N SMs for the steps)")
+    overlap = variant.startswith("overlap")
+    if variant and variant != "nofill" and not (overlap and variant.removeprefix("overlap").isdigit()) and variant != "overlap":
+        raise ValueError(f"{variant!r}: a variant is overlap, overlapN (N SMs for the steps) or nofill")
     engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=encoder_batch,
-                                         overlap_encoder=variant.startswith("overlap"),
-                                         step_sms=int(variant.removeprefix("overlap") or 0)),
+                                         overlap_encoder=overlap, fill_files_first=variant != "nofill",
+                                         step_sms=int(variant.removeprefix("overlap") or 0) if overlap else 0),
                     precision=None if precision in ("", "none") else precision)
     label = f"ours {precision or 'plain'}" + (f"+{variant}" if variant else "")
     loop = asyncio.new_event_loop()
@@ -222,7 +224,7 @@ def main() -> None:
     p.add_argument("--out", default="bench_engine.json")
     p.add_argument("--baseline", action="append", default=[], help="a recorded bench_engine JSON to compare with (repeatable)")
     p.add_argument("--precisions", default="none", help="comma list: none (plain PyTorch), full_fp16, mixed_fp8, aggressive_fp8; "
-                   "PRESET+overlap runs the encoder on a second CUDA stream")
+                   "PRESET+overlap runs the encoder on a second CUDA stream, PRESET+nofill decodes in every step")
     args = p.parse_args()
 
     batches = [int(x) for x in args.batches.split(",")]

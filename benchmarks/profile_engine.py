@@ -69,14 +69,14 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def profile(shape: str, precision: str, n: int, tokens: int, tokenizer: str, window: np.ndarray,
-            overlap: bool = False, async_steps: bool | None = None, step_sms: int = 0) -> dict:
+            overlap: bool = False, async_steps: bool | None = None, step_sms: int = 0, fill: bool = True) -> dict:
     from streamer.config import EngineConfig
     from streamer.engine.engine import Engine
     from streamer.engine.request import DecodeOptions
 
     engine = Engine(random_model(shape, tokenizer), EngineConfig(max_slots=n, max_encoder_batch=16,
                                                                  overlap_encoder=overlap, async_steps=async_steps,
-                                                                 step_sms=step_sms),
+                                                                 step_sms=step_sms, fill_files_first=fill),
                     precision=None if precision == "none" else precision)
     options = DecodeOptions(language="en", temperatures=(0.0,), max_new_tokens=tokens)
     loop = asyncio.new_event_loop()
@@ -105,7 +105,7 @@ def profile(shape: str, precision: str, n: int, tokens: int, tokenizer: str, win
 
     admit = [c for c in calls if c[0]]
     decode_only = [c for c in calls if not c[0]]
-    row = {"shape": shape, "precision": precision, "overlap": overlap, "step_sms": step_sms,
+    row = {"shape": shape, "precision": precision, "overlap": overlap, "step_sms": step_sms, "fill_files_first": fill,
            "confined_steps": engine.runner.confined_steps, "async_steps": engine.runner.async_steps, "windows": n, "wall_s": wall, "rtf": n * len(window) / 16000 / wall,
            "steps": len(calls), "admission_steps": len(admit),
            "admission_steps_s": sum(c[2] for c in admit), "of_which_admit_s": sum(c[3] for c in admit),
@@ -176,14 +176,16 @@ def main() -> None:
     window = np.concatenate([data[k].astype(np.float32) for k in sorted(data.files)])[: 30 * 16000]
     rows = []
     for run in args.runs.split(","):
-        # large-v3:mixed_fp8:overlap = OVERLAP_ENCODER on; NAME=VALUE parts go to the preset (get_preset)
+        # large-v3:mixed_fp8:overlap = OVERLAP_ENCODER on; :nofill = FILL_FILES_FIRST off; NAME=VALUE parts
+        # go to the preset (get_preset)
         shape, precision, *flags = run.split(":")
         precision = ":".join([precision, *(f for f in flags if "=" in f)])
         sms = [int(f[3:]) for f in flags if f.startswith("sms")]  # :sms48 = STEP_SMS=48 (with :overlap)
         row = profile(shape, precision, args.windows, args.tokens, args.tokenizer, window, overlap="overlap" in flags,
-                      async_steps=False if "sync" in flags else None, step_sms=sms[0] if sms else 0)
+                      async_steps=False if "sync" in flags else None, step_sms=sms[0] if sms else 0,
+                      fill="nofill" not in flags)
         rows.append(row)
-        print(table([row], ["shape", "precision", "overlap", "step_sms", "confined_steps", "async_steps", "windows", "wall_s", "rtf", "steps", "admission_steps",
+        print(table([row], ["shape", "precision", "overlap", "fill_files_first", "step_sms", "confined_steps", "async_steps", "windows", "wall_s", "rtf", "steps", "admission_steps",
                             "admission_steps_s", "of_which_admit_s", "of_which_decode_s", "decode_only_steps_s",
                             "outside_steps_s", "full_step_ms", "profiled_wall_s", "gpu_busy_s", "gpu_idle_s"]), flush=True)
         print("kernel seconds by kind:", {k: round(v, 3) for k, v in row["kernel_s_by_kind"].items()})

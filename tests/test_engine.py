@@ -94,12 +94,14 @@ def test_many_windows_share_steps(tiny, manifest):
 def test_files_filling_the_batch_first_change_no_token_and_save_steps(tiny, manifest):
     """`fill_files_first`: while file windows are still being admitted, the steps admit without
     decoding (`StepPlan.held`), then every step decodes a full batch. Greedy tokens are the same as
-    with a decode in every step, in fewer steps."""
+    with a decode in every step, in fewer steps; also where a held step leaves the step before it in
+    flight (`async_steps`)."""
     audios = _pick(manifest, "en", 12, skip=10)
     options = DecodeOptions(language="en", temperatures=(0.0,))
     results, plans = {}, {}
-    for fill in (False, True):
-        engine = Engine(tiny, EngineConfig(max_slots=16, max_encoder_batch=4, fill_files_first=fill))
+    for fill, async_steps in ((False, False), (True, False), ("async", True)):
+        engine = Engine(tiny, EngineConfig(max_slots=16, max_encoder_batch=4, fill_files_first=bool(fill),
+                                           async_steps=async_steps))
         seen, execute = [], engine.runner.execute
 
         def record(plan, seen=seen, execute=execute):
@@ -113,12 +115,14 @@ def test_files_filling_the_batch_first_change_no_token_and_save_steps(tiny, mani
             engine.close()
         plans[fill] = seen
     assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
+    assert [r.tokens for r in results["async"]] == [r.tokens for r in results[False]]
+    assert any(held for _, _, held in plans["async"])
     assert all(r.text for r in results[True])
     admitting = [p for p in plans[True] if p[0]]
     # Every admission but the last holds what is live (the first may find the queue still filling).
     assert all(decode == 0 for _, decode, _ in admitting[:-1]) and any(held for _, _, held in admitting)
     assert not any(held for _, _, held in plans[False])
-    decode_steps = {fill: sum(1 for _, decode, _ in plans[fill] if decode) for fill in plans}
+    decode_steps = {fill: sum(1 for _, decode, _ in plans[fill] if decode) for fill in (False, True)}
     assert decode_steps[True] < decode_steps[False]
 
 
@@ -212,6 +216,8 @@ def test_warm_up_leaves_no_trace(tiny, manifest):
         finally:
             engine.close()
     assert [r.tokens for r in results[True]] == [r.tokens for r in results[False]]
+    assert [r.tokens for r in results["async"]] == [r.tokens for r in results[False]]
+    assert any(held for _, _, held in plans["async"])
     assert all(r.text for r in results[True])
 
 

@@ -6,13 +6,15 @@
 # 2. the same preset with FILL_FILES_FIRST off (full_fp16+nofill) at AB_BATCHES, in a process of its own
 #    (two large-v3 engines in one process ran out of memory on the H100 in session 31);
 # 3. profile_engine at PROFILE_WINDOWS, fill on and off: the wall by part, kernel time by kind.
-# Env: BATCHES (1,16,128,256), HF_BATCHES (128), AB_BATCHES (128,256), PROFILE_WINDOWS (128), BUDGET_S (570).
+# Env: BATCHES (1,16,128,256), HF_BATCHES (128), AB_BATCHES (128,256; "" skips 2), PROFILE_WINDOWS (128; 0
+# skips 3), BUDGET_S (570). Each bench_engine row is the fastest of 3 timed runs since session 33.
+# The last call of session 33: AB_BATCHES= PROFILE_WINDOWS=0 bash benchmarks/gpu_s33.sh
 set -uo pipefail
 source benchmarks/gpu_budget.sh
 gpu_begin 570
 case $name in
   *H200*) files="benchmarks/results/bench_engine*_h200.json benchmarks/results/s30_h200/bench_engine*.json" ;;
-  *) files="benchmarks/results/s28_h100/bench_engine*_h100.json benchmarks/results/s31_h100/call15_bench_engine*.json" ;;
+  *) files="benchmarks/results/s28_h100/bench_engine*_h100.json benchmarks/results/s31_h100/call15_bench_engine*.json benchmarks/results/s33_h100/bench_engine_s33.json benchmarks/results/s33_h100/bench_engine_s33c.json" ;;
 esac
 baselines=""  # the last recorded runs on this kind of card (an H200's against an H100's would flag the card)
 for f in $files; do [ -e "$f" ] && baselines="$baselines --baseline ../$f"; done
@@ -26,10 +28,10 @@ engine() {  # engine PRECISION BATCHES HF_BATCHES OUTNAME WANT_S KEEP_S
   grep -E "^ours|^transformers|SLOWER|encoder:|Error" "$OUT/${4%.json}.log" | head -12
 }
 engine full_fp16 "${BATCHES:-1,16,128,256}" "${HF_BATCHES-128}" bench_engine_s33.json 240 200
-engine full_fp16+nofill "${AB_BATCHES:-128,256}" "" bench_engine_s33_nofill.json 120 90
+[ -n "${AB_BATCHES-128,256}" ] && engine full_fp16+nofill "${AB_BATCHES-128,256}" "" bench_engine_s33_nofill.json 120 90
 t=$SECONDS
 w=${PROFILE_WINDOWS:-128}
-(cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 5) python3 profile_engine.py \
+(( w > 0 )) && (cd benchmarks && BENCH_RESULTS_DIR="$OUT" timeout $(cap 120 5) python3 profile_engine.py \
   --tokenizer "$INPUTS/tokenizer_multilingual.json" --audio "$INPUTS/clips.npz" \
   --runs large-v3:full_fp16,large-v3:full_fp16:nofill --windows $w --out profile_engine_s33_$w.json) \
   > "$OUT/profile_engine_s33_$w.log" 2>&1

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from streamer.audio import SAMPLE_RATE
 from streamer.audio.decode import AudioDecodeError, AudioTooLarge
 from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
@@ -38,6 +39,7 @@ from streamer.protocols import validation as v
 from streamer.protocols.outputs import logprobs_wire
 from streamer.server.auth import error_body
 from streamer.server.body import BodyStalled, BodyTooLarge, ClientGone, limited_receive
+from streamer.server.upload_budget import RETRY_AFTER_S, Hold, Refusal
 
 T = TypeVar("T")
 log = logging.getLogger("streamer.server")
@@ -141,18 +143,21 @@ async def _transcribe(request: Request, task: str) -> Response:
     limits = state.settings.server
     started = time.monotonic()
     form: FormData | None = None
+    held: Hold | None = None
     try:
         engine = _engine(request)
         max_bytes = int(limits.max_upload_mb * 2**20)
         form = await _read_form(request, max_bytes, limits.upload_idle_timeout_s)
         req = _parse(form, engine, task, limits.mode)
         audio = await _decode(state, req.upload, limits.max_audio_s, max_bytes, not req.multichannel)
+        held = hold_audio(state, audio)
         await form.close()  # the samples are in memory now: the temporary file can go
         form = None
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
         if req.stream and not req.multichannel:
             deltas: asyncio.Queue = asyncio.Queue()
-            task = await _start_stream(engine, audio, run, deltas)
+            task = await _start_stream(engine, audio, run, deltas, held)
+            held = None  # the task holds the samples now, and releases them when it ends
             events = _events(task, deltas, state, started, limits.sse_keepalive_s)
             weakref.finalize(events, task.cancel)  # a client that left before the first event: stop decoding
             return StreamingResponse(events,
@@ -185,8 +190,23 @@ async def _transcribe(request: Request, task: str) -> Response:
         log.info("an upload's client disconnected before its answer: its work is dropped")
         return Response(status_code=400)  # never read: the connection is gone
     finally:
+        if held is not None:
+            held.release()
         if form is not None:
             await form.close()
+
+
+def hold_audio(state, audio) -> Hold:
+    """`audio`'s seconds (every channel) reserved in the gateway's `UploadBudget`; 429 with
+    Retry-After when other uploads hold too much now, 413 when it is over the whole budget. Refused
+    at once, not queued: waiting would hold the decoded samples the budget is there to bound."""
+    decision = state.upload_budget.reserve(audio.size / SAMPLE_RATE)
+    if isinstance(decision, Refusal):
+        if decision.retry:
+            raise ApiError(429, decision.message, "rate_limit_exceeded", param="file", type_="rate_limit_error",
+                           retry_after_s=RETRY_AFTER_S)
+        raise ApiError(413, decision.message, "audio_too_long", param="file")
+    return decision
 
 
 class _FirstSubmit:
@@ -205,15 +225,16 @@ class _FirstSubmit:
         return handle
 
 
-async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue) -> asyncio.Task:
+async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue, held: Hold) -> asyncio.Task:
     """The transcription of a streamed response, started, its segments' text put on `queue` (None
-    when it ends). Returns once the engine has taken its first window or it has ended, so that a
+    when it ends), `held` released when it ends however it does. Returns once the engine has taken its first window or it has ended, so that a
     refused recording (QueueFull, EngineClosed, EngineUnavailable) is still an HTTP error with its
     status (429 with Retry-After), not an error event after a 200."""
     watched = _FirstSubmit(engine)
     task = asyncio.ensure_future(transcribe_long(
         watched, audio, on_segments=lambda segments: queue.put_nowait("".join(s.text for s in segments)), **run))
     task.add_done_callback(lambda _: queue.put_nowait(None))
+    task.add_done_callback(lambda _: held.release())
     accepted = asyncio.ensure_future(watched.accepted.wait())
     try:
         await asyncio.wait({task, accepted}, return_when=asyncio.FIRST_COMPLETED)

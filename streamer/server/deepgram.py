@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
 from streamer.audio import SAMPLE_RATE
-from streamer.audio.decode import AudioDecodeError, AudioTooLarge, StreamResampler, pcm_dtype
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge, SpoolError, StreamResampler, pcm_dtype
 from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
@@ -217,6 +217,9 @@ async def listen_file(request: Request) -> JSONResponse:
         return refuse(413, ListenError(str(e), "PAYLOAD_TOO_LARGE"))
     except AudioDecodeError as e:
         return refuse(400, ListenError(str(e), "UNSUPPORTED_MEDIA"))
+    except SpoolError as e:  # the server's temporary storage (a full disk), not the body
+        log.error("a /v1/listen body's decoded samples could not be spooled: %s", e)
+        return refuse(500, ListenError("the server could not store the decoded audio", "INTERNAL_SERVER_ERROR"))
     except EngineUnavailable as e:  # an engine core died under the request
         return refuse(503, ListenError(str(e), "SERVICE_UNAVAILABLE"), retry_after_s=5)
     except QueueFull as e:

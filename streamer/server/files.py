@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from streamer.audio import SAMPLE_RATE
-from streamer.audio.decode import AudioDecodeError, AudioTooLarge
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge, SpoolError
 from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
@@ -512,6 +512,10 @@ async def _decode(state, upload: UploadFile, max_seconds: float, max_bytes: int,
         raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
     except AudioDecodeError as e:  # OpenAI answers 400 (the SDKs raise BadRequestError)
         raise ApiError(400, str(e), "invalid_file_format", param="file") from None
+    except SpoolError as e:  # the server's temporary storage (a full disk), not the file
+        log.error("an upload's decoded samples could not be spooled: %s", e)
+        raise ApiError(500, "the server could not store the decoded audio; try again later", "server_error",
+                       type_="server_error") from None
 
 
 # --- helpers ----------------------------------------------------------------------------------------

@@ -376,6 +376,17 @@ def test_a_prompt_over_the_limit_is_refused_by_name(client, jfk_path, tmp_path):
     assert client.audio.transcriptions.create(file=wav, model="tiny.en", prompt=longest).text
 
 
+def test_a_text_part_over_the_parser_limit_is_refused_by_name(client, jfk):
+    """A text part over MAX_TEXT_PART_BYTES (256 KB) got Starlette's 400 "malformed multipart body:
+    Part exceeded maximum size of 256KB." with `param: null`: the client could not tell which field.
+    The 400 names it, a known field (`prompt`, over its own 64 KB limit too) or any other."""
+    for kwargs, field in (({"prompt": "Kennedy. " * 33000}, "prompt"),  # 297 KB
+                          ({"extra_body": {"notes": "n" * 300_000}}, "notes")):
+        status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en", **kwargs))
+        assert status == 400 and body["param"] == field and body["code"] == "invalid_value", body
+        assert f"`{field}` is larger than 256 KB" in body["message"], body
+
+
 def test_models(client):
     assert [m.id for m in client.models.list()] == ["tiny.en", "whisper-1"]
     assert client.models.retrieve("whisper-1").id == "whisper-1"

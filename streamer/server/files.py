@@ -20,8 +20,7 @@ from typing import Awaitable, TypeVar
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -50,9 +49,9 @@ MAX_PROMPT_BYTES = 64 * 1024
 """Longest `prompt` (UTF-8): Whisper reads only its last 224 tokens, about 1 KB of text, so this is
 generous; checked by `_parse`, so that the error names the field."""
 MAX_TEXT_PART_BYTES = 4 * MAX_PROMPT_BYTES
-"""Largest text part the multipart parser holds, and the allowance for the text fields in the body
-beside the file. Above MAX_PROMPT_BYTES so that a long prompt reaches `_parse`'s check: Starlette's
-part-size error does not say which part it was. File parts are not limited by it."""
+"""Largest text part the multipart parser holds (a 400 naming the part past it: `_FormParser`), and
+the allowance for the text fields in the body beside the file. Above MAX_PROMPT_BYTES so that a long
+prompt reaches `_parse`'s check and its own message. File parts are not limited by it."""
 GRANULARITIES = ("segment", "word")
 STREAM_FORMATS = ("json", "text")
 """The response formats `stream=true` serves: its events carry the text, nothing else."""
@@ -344,12 +343,38 @@ async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) ->
         raise MultiPartException(str(failure))
 
     try:
-        return await Request(request.scope, receive).form(max_files=1, max_fields=32,
-                                                          max_part_size=MAX_TEXT_PART_BYTES)
-    except (HTTPException, MultiPartException) as e:  # ours, or Starlette's multipart errors
+        async with contextlib.aclosing(Request(request.scope, receive).stream()) as stream:
+            return await _FormParser(request.headers, stream, max_files=1, max_fields=32,
+                                     max_part_size=MAX_TEXT_PART_BYTES).parse()
+    except MultiPartException as e:  # ours, or Starlette's multipart errors
         if failure is not None:
             raise failure from None
-        raise ApiError(400, f"malformed multipart body: {getattr(e, 'detail', e)}", "invalid_request") from None
+        if isinstance(e, PartTooLarge) and e.field:
+            raise ApiError(400, f"the text field `{e.field}` is larger than {MAX_TEXT_PART_BYTES // 1024} KB, the "
+                                "limit of a text field", "invalid_value", param=e.field) from None
+        raise ApiError(400, f"malformed multipart body: {e.message}", "invalid_request") from None
+
+
+class PartTooLarge(MultiPartException):
+    """A text part over the parser's `max_part_size`; `field` is its name ("" if unknown)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+class _FormParser(MultiPartParser):
+    """Starlette's multipart parser, its part-size error naming the part: Starlette's own ("Part
+    exceeded maximum size of 256KB.") does not, and the client had to guess which field it was."""
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        try:
+            super().on_part_data(data, start, end)
+        except MultiPartException as e:
+            # Only a text part's size is checked here. Starlette 1.10 keeps the part being read in
+            # `_current_part` (set from its Content-Disposition); without it, the error is unnamed.
+            field = getattr(getattr(self, "_current_part", None), "field_name", "")
+            raise PartTooLarge(e.message, field) from None
 
 
 def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:

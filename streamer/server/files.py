@@ -157,7 +157,8 @@ async def _transcribe(request: Request, task: str) -> Response:
             deltas: asyncio.Queue = asyncio.Queue()
             task = await _start_stream(engine, audio, run, deltas, held)
             held = None  # the task holds the samples now, and releases them when it ends
-            events = _events(task, deltas, state, started, limits.sse_keepalive_s)
+            events = _events(task, deltas, state, started, limits.sse_keepalive_s,
+                             engine.tokenizer if req.logprobs else None)
             weakref.finalize(events, task.cancel)  # a client that left before the first event: stop decoding
             return StreamingResponse(events,
                                      media_type="text/event-stream",
@@ -225,13 +226,13 @@ class _FirstSubmit:
 
 
 async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue, held: Hold) -> asyncio.Task:
-    """The transcription of a streamed response, started, its segments' text put on `queue` (None
-    when it ends), `held` released when it ends however it does. Returns once the engine has taken its first window or it has ended, so that a
+    """The transcription of a streamed response, started, each batch of its final segments put on
+    `queue` (None when it ends), `held` released when it ends however it does. Returns once the engine has taken its first window or it has ended, so that a
     refused recording (QueueFull, EngineClosed, EngineUnavailable) is still an HTTP error with its
     status (429 with Retry-After), not an error event after a 200."""
     watched = _FirstSubmit(engine)
     task = asyncio.ensure_future(transcribe_long(
-        watched, audio, on_segments=lambda segments: queue.put_nowait("".join(s.text for s in segments)), **run))
+        watched, audio, on_segments=queue.put_nowait, **run))
     task.add_done_callback(lambda _: queue.put_nowait(None))
     task.add_done_callback(lambda _: held.release())
     accepted = asyncio.ensure_future(watched.accepted.wait())
@@ -247,25 +248,31 @@ async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue, held: Ho
     return task
 
 
-async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: float, keepalive_s: float):
+async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: float, keepalive_s: float, tok=None):
     """Server-sent events: `transcript.text.delta` per batch of final segments (a decoded window;
     with `accurate`'s vote, what it has made final), in order, then
     `transcript.text.done`; an error after the response began comes as an `error` event; a comment
-    line after `keepalive_s` without an event."""
+    line after `keepalive_s` without an event. With `tok` (`include[]=logprobs`), each event carries
+    OpenAI's `logprobs` of its text's tokens, as OpenAI's do."""
     first = True
     try:
         while True:
             try:  # (a get cancelled by the timeout loses no item: wait_for returns one that came meanwhile)
-                delta = await asyncio.wait_for(queue.get(), keepalive_s)
+                segments = await asyncio.wait_for(queue.get(), keepalive_s)
             except asyncio.TimeoutError:
                 yield KEEPALIVE
                 continue
-            if delta is None:
+            if segments is None:
                 break
+            delta = "".join(s.text for s in segments)
             if first:
                 delta, first = delta.lstrip(), False
             if delta:
-                yield _sse({"type": "transcript.text.delta", "delta": delta})
+                event = {"type": "transcript.text.delta", "delta": delta}
+                if tok is not None:
+                    event["logprobs"] = logprobs_wire(tok.token_bytes, (
+                        pair for segment in segments for pair in zip(segment.tokens, segment.token_logprobs)))
+                yield _sse(event)
         try:
             transcript = task.result()
         except (QueueFull, EngineClosed, EngineUnavailable) as e:
@@ -275,7 +282,10 @@ async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: floa
             yield _sse(error_body(error.message, error.code, type_=error.type))
             return
         _observe(state, transcript, started)
-        yield _sse({"type": "transcript.text.done", "text": transcript.text})
+        done = {"type": "transcript.text.done", "text": transcript.text}
+        if tok is not None:
+            done["logprobs"] = _logprobs(transcript, tok)
+        yield _sse(done)
     finally:
         task.cancel()  # the client went away: stop decoding its windows
 

@@ -267,6 +267,40 @@ def test_a_decoder_child_holds_a_second_of_audio_and_leaves_no_file(audio_dir, t
     assert growth < pcm_bytes, f"the child grew {growth / 2**20:.0f} MB for {pcm_bytes / 2**20:.0f} MB of int16"
 
 
+def write_tracks(path: Path, tracks: list[np.ndarray], rate: int = 16000) -> None:
+    """A Matroska file of one 16-bit PCM audio track per array (float in [-1, 1]), interleaved
+    a second at a time as a muxer would."""
+    pcm = [np.round(np.clip(t, -1, 1) * 32767).astype(np.int16) for t in tracks]
+    with av.open(str(path), "w", format="matroska") as out:
+        streams = [out.add_stream("pcm_s16le", rate=rate, layout="mono") for _ in pcm]
+        for start in range(0, max(len(p) for p in pcm), rate):
+            for stream, samples in zip(streams, pcm):
+                if start < len(samples):
+                    frame = av.AudioFrame.from_ndarray(samples[None, start:start + rate], format="s16", layout="mono")
+                    frame.sample_rate, frame.pts = rate, start
+                    out.mux(stream.encode(frame))
+        for stream in streams:
+            out.mux(stream.encode(None))
+
+
+def test_of_two_audio_tracks_a_silent_first_one_is_passed_over(jfk, tmp_path):
+    """A file with two audio tracks, the first silent (a screen recording's system audio beside its
+    microphone): the silent one was transcribed, an empty transcript. ffmpeg's choice is kept while
+    it has sound in its first 30 s (PROBE_S); when it is silent (below -40 dBFS: here a -60 dBFS
+    noise floor), the first track with sound is decoded instead, to the same samples as alone."""
+    noise = (0.001 * np.random.default_rng(0).standard_normal(len(jfk))).astype(np.float32)  # -60 dBFS
+    speech = 0.5 * jfk
+    write_tracks(tmp_path / "alone.mkv", [speech])
+    write_tracks(tmp_path / "silent_first.mkv", [noise, speech])
+    write_tracks(tmp_path / "both_heard.mkv", [speech, 0.3 * jfk[::-1]])
+    alone = decode_audio(tmp_path / "alone.mkv")
+    assert np.abs(alone - speech).max() < 2 / 32768
+    np.testing.assert_array_equal(decode_audio(tmp_path / "silent_first.mkv"), alone)
+    np.testing.assert_array_equal(decode_audio(tmp_path / "both_heard.mkv"), alone)  # the first: ffmpeg's
+    with open(tmp_path / "silent_first.mkv", "rb") as f:  # a file object, read again after the probe
+        np.testing.assert_array_equal(decode_audio(f), alone)
+
+
 def test_write_wav_round_trip(jfk, tmp_path):
     write_wav(tmp_path / "jfk.wav", jfk)
     np.testing.assert_allclose(decode_audio(tmp_path / "jfk.wav"), jfk, atol=0.5 / 32768 + 1e-7)

@@ -31,6 +31,13 @@ resampling each frame 0.91 s in all, batched 0.61 s)."""
 PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw": np.dtype("u1"),
                "alaw": np.dtype("u1")}
 """Raw encodings a live stream may send, as the numpy types of one sample (G.711: one byte)."""
+PROBE_S = 30.0
+"""A file with several audio streams: how much of each is decoded to find one with sound (ffmpeg's
+choice stands unless its first PROBE_S are silent). A track silent longer than that and then
+speaking is not found: every track would have to be decoded in full."""
+SOUND_PEAK = 0.01
+"""-40 dBFS: a track whose samples never reach it is silent (digital silence, a noise floor;
+speech peaks well above)."""
 READ_BLOCK_SAMPLES = 1 << 20
 """Samples `pcm16_file_to_float` reads at a time: 2 MB beside the float32 array it fills."""
 
@@ -163,8 +170,7 @@ def _decode(source: Source, emit, *, max_seconds: float | None, max_bytes: int |
     """The decoding core: `emit(chunk)` with the int16 samples, about a second at a time ([n], or
     [channels, n] with `mono=False`); returns the shape of them all."""
     data, name = _prepare(source, name, max_bytes)
-    with _open(data, name) as container:
-        stream = _audio_stream(container, name)
+    with _open_audio(data, name) as (container, stream):
         declared = _declared_duration(container, stream)
         if max_seconds is not None and declared is not None and declared > max_seconds + LIMIT_SLACK_S:
             raise AudioTooLarge(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
@@ -463,13 +469,83 @@ def _open(data: str | BinaryIO, name: str) -> Iterator[av.container.InputContain
         container.close()
 
 
-def _audio_stream(container: av.container.InputContainer, name: str) -> av.audio.stream.AudioStream:
-    stream = container.streams.best("audio")
+@contextlib.contextmanager
+def _open_audio(data: str | BinaryIO, name: str) -> Iterator[tuple[av.container.InputContainer,
+                                                                    av.audio.stream.AudioStream]]:
+    """The container, and the audio stream to decode: ffmpeg's choice (`av_find_best_stream`: the
+    default track first, then the most probed frames, the highest bitrate; else the first), unless
+    the file has several audio streams and that one is silent (`SOUND_PEAK`) through its first
+    `PROBE_S` while another is not: then the first of those (`_stream_with_sound`; a screen
+    recording's silent system-audio track before its microphone's). The file is opened again after
+    such a probe, so that the chosen stream decodes from a clean start."""
+    with _open(data, name) as container:
+        stream = _audio_stream(container, name, container.streams.best("audio"))
+        if len(container.streams.audio) == 1:
+            yield container, stream
+            return
+        index = _stream_with_sound(container, stream)
+    if not isinstance(data, str):
+        data.seek(0)
+    with _open(data, name) as container:
+        yield container, _audio_stream(container, name, container.streams[index])
+
+
+def _audio_stream(container: av.container.InputContainer, name: str,
+                  stream: av.audio.stream.AudioStream | None) -> av.audio.stream.AudioStream:
     if stream is None:
         raise AudioDecodeError(name, "not an audio file (no audio stream)")
     if stream.codec_context is None:
         raise AudioDecodeError(name, "unsupported audio codec (no decoder for it)")
     return stream
+
+
+def _stream_with_sound(container: av.container.InputContainer, best: av.audio.stream.AudioStream) -> int:
+    """The index of the audio stream to decode among several: `best`, unless its first `PROBE_S` are
+    silent and another's are not (the first such). Decodes until `best` has sound or every stream
+    has `PROBE_S`; a probe that fails decides nothing (`best`)."""
+    streams = [s for s in container.streams.audio if s.codec_context is not None]
+    peaks = {s.index: 0.0 for s in streams}
+    probed = {s.index: 0.0 for s in streams}
+    try:
+        for packet in container.demux(*streams):
+            i = packet.stream.index
+            if packet.size == 0 or probed[i] >= PROBE_S:
+                continue
+            try:
+                frames = packet.decode()
+            except av.error.FFmpegError:  # a damaged packet: the rest may still be heard
+                continue
+            for frame in frames:
+                probed[i] += frame.samples / frame.sample_rate
+                peaks[i] = max(peaks[i], _peak(frame))
+            if peaks.get(best.index, 0.0) >= SOUND_PEAK or min(probed.values()) >= PROBE_S:
+                break
+    except (av.error.FFmpegError, ValueError, OSError, EOFError):
+        return best.index
+    if peaks.get(best.index, 0.0) >= SOUND_PEAK:
+        return best.index
+    return next((s.index for s in streams if peaks[s.index] >= SOUND_PEAK), best.index)
+
+
+_SAMPLE_TYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "flt": np.float32,
+                 "dbl": np.float64}
+
+
+def _peak(frame: av.AudioFrame) -> float:
+    """The largest sample magnitude of a frame, 1 at full scale. Read from its planes: PyAV 18's
+    `to_ndarray` reads past the planes of planar frames of 8 or more channels (a segfault)."""
+    dtype = np.dtype(_SAMPLE_TYPES[frame.format.name.rstrip("p")])
+    count = frame.samples * (1 if frame.format.is_planar else len(frame.layout.channels))
+    peak = 0.0
+    for plane in frame.planes if count else ():
+        x = np.frombuffer(plane, dtype, count=count)
+        if dtype.kind == "f":
+            peak = max(peak, float(np.abs(x).max()))
+        elif dtype.kind == "u":  # u8 is offset by 128
+            peak = max(peak, float(np.abs(x.astype(np.int16) - 128).max()) / 128)
+        else:
+            peak = max(peak, float(np.abs(x.astype(np.int64)).max()) / 2 ** (8 * dtype.itemsize - 1))
+    return peak
 
 
 def _declared_duration(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:

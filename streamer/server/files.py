@@ -32,7 +32,7 @@ from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
-from streamer.longform.transcript import merge_channels
+from streamer.longform.transcript import TranscriptSegment, merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.protocols import validation as v
 from streamer.protocols.outputs import logprobs_wire
@@ -227,12 +227,13 @@ class _FirstSubmit:
 
 async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue, held: Hold) -> asyncio.Task:
     """The transcription of a streamed response, started, each batch of its final segments put on
-    `queue` (None when it ends), `held` released when it ends however it does. Returns once the engine has taken its first window or it has ended, so that a
+    `queue` as (text, [(token, logprob)]) (None when it ends), `held` released when it ends however
+    it does. Returns once the engine has taken its first window or it has ended, so that a
     refused recording (QueueFull, EngineClosed, EngineUnavailable) is still an HTTP error with its
     status (429 with Retry-After), not an error event after a 200."""
     watched = _FirstSubmit(engine)
     task = asyncio.ensure_future(transcribe_long(
-        watched, audio, on_segments=queue.put_nowait, **run))
+        watched, audio, on_segments=lambda segments: queue.put_nowait(_batch(segments)), **run))
     task.add_done_callback(lambda _: queue.put_nowait(None))
     task.add_done_callback(lambda _: held.release())
     accepted = asyncio.ensure_future(watched.accepted.wait())
@@ -248,6 +249,12 @@ async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue, held: Ho
     return task
 
 
+def _batch(segments: list[TranscriptSegment]) -> tuple[str, list[tuple[int, float]]]:
+    """A batch of final segments as the stream sends it: their text, and their (token, log
+    probability) pairs; taken when it comes (the segments are the transcript's, and not frozen)."""
+    return "".join(s.text for s in segments), [pair for s in segments for pair in zip(s.tokens, s.token_logprobs)]
+
+
 async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: float, keepalive_s: float, tok=None):
     """Server-sent events: `transcript.text.delta` per batch of final segments (a decoded window;
     with `accurate`'s vote, what it has made final), in order, then
@@ -258,20 +265,19 @@ async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: floa
     try:
         while True:
             try:  # (a get cancelled by the timeout loses no item: wait_for returns one that came meanwhile)
-                segments = await asyncio.wait_for(queue.get(), keepalive_s)
+                batch = await asyncio.wait_for(queue.get(), keepalive_s)
             except asyncio.TimeoutError:
                 yield KEEPALIVE
                 continue
-            if segments is None:
+            if batch is None:
                 break
-            delta = "".join(s.text for s in segments)
+            delta, tokens = batch
             if first:
                 delta, first = delta.lstrip(), False
             if delta:
                 event = {"type": "transcript.text.delta", "delta": delta}
                 if tok is not None:
-                    event["logprobs"] = logprobs_wire(tok.token_bytes, (
-                        pair for segment in segments for pair in zip(segment.tokens, segment.token_logprobs)))
+                    event["logprobs"] = logprobs_wire(tok.token_bytes, tokens)
                 yield _sse(event)
         try:
             transcript = task.result()

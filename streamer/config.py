@@ -190,6 +190,12 @@ class ServerConfig:
     """Largest file accepted by the file endpoints."""
     max_audio_s: float = 4 * 3600.0
     """Longest recording accepted by the file endpoints."""
+    upload_audio_budget_s: float | None = None
+    """Seconds of decoded upload audio (every channel counted) a gateway worker holds at once, from
+    an upload's decode to the end of its transcription (float32: 0.23 GB an hour, a 4-h upload about
+    2 GB at its peak); an upload that would pass it is refused with a 429 and `Retry-After`, one over
+    the whole budget with a 413 (`server/upload_budget.py`). None: 3 x `max_audio_s`; at least
+    `max_audio_s`, so that any mono upload under the limits can be served alone."""
     mode: str = "fast"
     """Default long-form mode of the file endpoints: `fast` or `accurate`."""
     shutdown_grace_s: float = 10.0
@@ -291,6 +297,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "MANUAL_IDLE_TIMEOUT_S": ("server", "manual_idle_timeout_s"),
     "MAX_UPLOAD_MB": ("server", "max_upload_mb"),
     "MAX_AUDIO_S": ("server", "max_audio_s"),
+    "UPLOAD_AUDIO_BUDGET_S": ("server", "upload_audio_budget_s"),
     "MODE": ("server", "mode"),
     "MAX_LOOP_LAG_S": ("server", "max_loop_lag_s"),
     "MAX_BACKLOG_S": ("server", "max_backlog_s"),
@@ -392,6 +399,7 @@ RANGES: dict[tuple[str, str], tuple[float | None, float | None, bool]] = {
     ("server", "max_message_bytes"): (1024, None, False),
     ("server", "max_upload_mb"): (0, None, True),
     ("server", "max_audio_s"): (0, None, True),
+    ("server", "upload_audio_budget_s"): (0, None, True),
     ("server", "shutdown_grace_s"): (0, None, False),
     ("server", "finish_timeout_s"): (0, None, True),
     ("server", "max_backlog_s"): (0, None, False),
@@ -469,6 +477,9 @@ def check_settings(settings: Settings) -> None:
         raise v.ValidationError("PARTIAL_INTERVAL_MAX_S", f"{streaming.partial_interval_max_s:g} is below "
                                 f"PARTIAL_INTERVAL_S ({streaming.partial_interval_s:g})")
     server = settings.server
+    if server.upload_audio_budget_s is not None and server.upload_audio_budget_s < server.max_audio_s:
+        raise v.ValidationError("UPLOAD_AUDIO_BUDGET_S", f"{server.upload_audio_budget_s:g} is below MAX_AUDIO_S "
+                                f"({server.max_audio_s:g}): an upload at the duration limit could never be served")
     if bool(server.ssl_certfile) != bool(server.ssl_keyfile):
         raise v.ValidationError("SSL_KEYFILE" if server.ssl_certfile else "SSL_CERTFILE",
                                 "SSL_CERTFILE and SSL_KEYFILE go together")

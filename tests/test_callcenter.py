@@ -394,6 +394,22 @@ def test_the_duration_limit_holds_for_raw_prerecorded_audio(engine, jfk):
         assert r.status_code == 200 and r.json()["metadata"]["duration"] == pytest.approx(4.0, abs=0.01), r.text
 
 
+def test_prerecorded_audio_counts_against_the_upload_budget(engine, jfk):
+    """`POST /v1/listen` holds its decoded audio through the transcription as the file endpoints do,
+    and shares their UPLOAD_AUDIO_BUDGET_S: two channels of 6 s kept apart are 12 s, over a 10-s
+    budget (Deepgram's 413 shape); one channel of them is served, and gives its seconds back."""
+    settings = load_settings({}, server={"max_audio_s": 10.0, "upload_audio_budget_s": 10.0})
+    two = s16(np.repeat(jfk[: 6 * RATE, None], 2, axis=1))
+    with running(create_app(settings, engine)) as url:
+        r = httpx.post(url + "/v1/listen?encoding=linear16&sample_rate=16000&channels=2&multichannel=true",
+                       content=two, timeout=120)
+        assert r.status_code == 413 and r.json()["err_code"] == "PAYLOAD_TOO_LARGE", r.text
+        assert "12 s of audio (all channels), more than the 10 s" in r.json()["err_msg"], r.text
+        r = httpx.post(url + "/v1/listen?encoding=linear16&sample_rate=16000&channels=2", content=two, timeout=120)
+        assert r.status_code == 200 and r.json()["metadata"]["duration"] == pytest.approx(6.0, abs=0.01), r.text
+        assert "streamer_upload_audio_seconds 0.0" in httpx.get(url + "/metrics", timeout=30).text
+
+
 def test_raw_pcm_of_two_channels_is_one_channel_unless_multichannel(base, jfk):
     """Headerless linear16 with `channels=2`: the channels' mean without `multichannel` (as a WAV of two
     channels is), one transcript per channel with it."""

@@ -23,6 +23,7 @@ from streamer.config import ENV_VARS, RANGES, Settings, load_settings
     ({"CUDA_GRAPHS": "yes please"}, "CUDA_GRAPHS"), ({"MAX_SLOTS": "1.5"}, "MAX_SLOTS"),
     ({"VAD_BATCH_MS": "5000"}, "VAD_BATCH_MS"), ({"SSL_CERTFILE": "/tmp/cert.pem"}, "SSL_KEYFILE"),
     ({"WEBRTC_ICE_SERVERS": "stun:example"}, "WEBRTC_ICE_SERVERS"), ({"CPU_ENCODER": "int8"}, "CPU_ENCODER"),
+    ({"UPLOAD_AUDIO_BUDGET_S": "0"}, "UPLOAD_AUDIO_BUDGET_S"), ({"UPLOAD_AUDIO_BUDGET_S": "3600"}, "UPLOAD_AUDIO_BUDGET_S"),
 ])
 def test_a_bad_value_is_refused_naming_its_variable(env, name):
     with pytest.raises(ValueError, match=name):
@@ -40,6 +41,7 @@ def test_cli_flags_are_checked_like_variables():
     {}, {"DEVICE": "cuda:0,cuda:1"}, {"DEVICE": "cpu,cpu"}, {"DEVICE": "cuda:3"}, {"PRECISION": "full_fp16:cross_kv_cache=auto"},
     {"ACOUSTIC_CONTEXT": "off", "CUDA_GRAPHS": "1", "ASYNC_STEPS": ""}, {"MAX_BACKLOG_S": "0", "RESUME_S": "0"},
     {"MAX_SLOTS": "", "WORKERS": "0", "PORT": "0", "MAX_CONNECTIONS_PER_CLIENT": "0"},
+    {"UPLOAD_AUDIO_BUDGET_S": "14400"}, {"UPLOAD_AUDIO_BUDGET_S": "60", "MAX_AUDIO_S": "60"},
 ])
 def test_good_values_load(env):
     load_settings(env)

@@ -185,6 +185,122 @@ def test_the_decoder_pool_gives_decode_audio(jfk, jfk_path, tmp_path):
         np.testing.assert_array_equal(audio, decode_audio(p, mono=mono))
 
 
+def test_a_decoder_child_holds_a_second_of_audio_and_leaves_no_file(audio_dir, tmp_path):
+    """The decoder child wrote its whole recording into the pipe: 18 minutes of Opus (35 MB of int16)
+    grew it by about 4 times that (its chunks, their concatenation, `tobytes`, the pickler's buffer).
+    It now writes the samples to a file the gateway names, a second at a time, and returns their
+    shape: its growth stays under the int16 bytes (measured: 15 MB, the upload's 4 MB received and
+    opened, a second of audio, libav's buffers). The file is removed whatever happens: after a decode; after a decode whose
+    child is killed mid-way (the pool decodes it again, in a child of its own, to the same bits); and
+    after a decode given up (cancelled) while the child still writes."""
+    import asyncio
+    import threading
+    import time
+
+    import psutil
+
+    from streamer.server.decoder import DecoderPool
+
+    data = (audio_dir / "long" / "asterisk_en_6min.ogg").read_bytes() * 3  # chained Ogg: 18.3 minutes
+    expected = decode_audio(data)
+    pcm_bytes = 2 * expected.size
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    pool = DecoderPool(1, spool_dir=str(spool))
+
+    def children() -> list[psutil.Process]:  # the forkserver's children: decoder processes
+        me = psutil.Process()
+        return [p for p in me.children(recursive=True) if p.ppid() != me.pid and p.pid not in others]
+
+    others: set[int] = set()
+    others = {p.pid for p in children()}  # another test's pool's, still exiting
+
+    peaks: dict[int, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for p in children():
+                try:
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.005)
+
+    async def main():
+        await pool.start()
+        (worker,) = children()
+        idle = worker.memory_info().rss
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            first = await pool.decode(data, name="long.ogg")
+        finally:
+            stop.set()
+            sampler.join()
+        growth = peaks[worker.pid] - idle
+        left_after_decode = sorted(spool.iterdir())
+
+        decoding = asyncio.ensure_future(pool.decode(data, name="long.ogg"))
+        await asyncio.sleep(1.0)
+        assert list(spool.iterdir()), "the decode has not started"
+        children()[0].kill()  # as a libav crash would
+        again = await decoding
+        left_after_crash = sorted(spool.iterdir())
+
+        given_up = asyncio.ensure_future(pool.decode(data, name="long.ogg"))
+        await asyncio.sleep(1.0)
+        given_up.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await given_up
+        return first, growth, left_after_decode, again, left_after_crash, sorted(spool.iterdir())
+
+    try:
+        first, growth, left_after_decode, again, left_after_crash, left_after_cancel = asyncio.run(main())
+    finally:
+        pool.close()
+    np.testing.assert_array_equal(first, expected)
+    np.testing.assert_array_equal(again, expected)
+    assert pool.crashes == 1
+    assert left_after_decode == left_after_crash == left_after_cancel == []
+    print(f"child grew {growth / 2**20:.0f} MB for {pcm_bytes / 2**20:.0f} MB of int16")
+    assert growth < pcm_bytes, f"the child grew {growth / 2**20:.0f} MB for {pcm_bytes / 2**20:.0f} MB of int16"
+
+
+def write_tracks(path: Path, tracks: list[np.ndarray], rate: int = 16000) -> None:
+    """A Matroska file of one 16-bit PCM audio track per array (float in [-1, 1]), interleaved
+    a second at a time as a muxer would."""
+    pcm = [np.round(np.clip(t, -1, 1) * 32767).astype(np.int16) for t in tracks]
+    with av.open(str(path), "w", format="matroska") as out:
+        streams = [out.add_stream("pcm_s16le", rate=rate, layout="mono") for _ in pcm]
+        for start in range(0, max(len(p) for p in pcm), rate):
+            for stream, samples in zip(streams, pcm):
+                if start < len(samples):
+                    frame = av.AudioFrame.from_ndarray(samples[None, start:start + rate], format="s16", layout="mono")
+                    frame.sample_rate, frame.pts = rate, start
+                    out.mux(stream.encode(frame))
+        for stream in streams:
+            out.mux(stream.encode(None))
+
+
+def test_of_two_audio_tracks_a_silent_first_one_is_passed_over(jfk, tmp_path):
+    """A file with two audio tracks, the first silent (a screen recording's system audio beside its
+    microphone): the silent one was transcribed, an empty transcript. ffmpeg's choice is kept while
+    it has sound in its first 30 s (PROBE_S); when it is silent (below -40 dBFS: here a -60 dBFS
+    noise floor), the first track with sound is decoded instead, to the same samples as alone."""
+    noise = (0.001 * np.random.default_rng(0).standard_normal(len(jfk))).astype(np.float32)  # -60 dBFS
+    speech = 0.5 * jfk
+    write_tracks(tmp_path / "alone.mkv", [speech])
+    write_tracks(tmp_path / "silent_first.mkv", [noise, speech])
+    write_tracks(tmp_path / "both_heard.mkv", [speech, 0.3 * jfk[::-1]])
+    alone = decode_audio(tmp_path / "alone.mkv")
+    assert np.abs(alone - speech).max() < 2 / 32768
+    np.testing.assert_array_equal(decode_audio(tmp_path / "silent_first.mkv"), alone)
+    np.testing.assert_array_equal(decode_audio(tmp_path / "both_heard.mkv"), alone)  # the first: ffmpeg's
+    with open(tmp_path / "silent_first.mkv", "rb") as f:  # a file object, read again after the probe
+        np.testing.assert_array_equal(decode_audio(f), alone)
+
+
 def test_write_wav_round_trip(jfk, tmp_path):
     write_wav(tmp_path / "jfk.wav", jfk)
     np.testing.assert_allclose(decode_audio(tmp_path / "jfk.wav"), jfk, atol=0.5 / 32768 + 1e-7)

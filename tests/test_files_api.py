@@ -376,6 +376,17 @@ def test_a_prompt_over_the_limit_is_refused_by_name(client, jfk_path, tmp_path):
     assert client.audio.transcriptions.create(file=wav, model="tiny.en", prompt=longest).text
 
 
+def test_a_text_part_over_the_parser_limit_is_refused_by_name(client, jfk):
+    """A text part over MAX_TEXT_PART_BYTES (256 KB) got Starlette's 400 "malformed multipart body:
+    Part exceeded maximum size of 256KB." with `param: null`: the client could not tell which field.
+    The 400 names it, a known field (`prompt`, over its own 64 KB limit too) or any other."""
+    for kwargs, field in (({"prompt": "Kennedy. " * 33000}, "prompt"),  # 297 KB
+                          ({"extra_body": {"notes": "n" * 300_000}}, "notes")):
+        status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en", **kwargs))
+        assert status == 400 and body["param"] == field and body["code"] == "invalid_value", body
+        assert f"`{field}` is larger than 256 KB" in body["message"], body
+
+
 def test_models(client):
     assert [m.id for m in client.models.list()] == ["tiny.en", "whisper-1"]
     assert client.models.retrieve("whisper-1").id == "whisper-1"
@@ -433,6 +444,73 @@ def test_limits_and_shutdown(engine, jfk, audio_dir):
         app.state.streamer.shutting_down = True
         status, body = error_of(lambda: client.audio.transcriptions.create(file=jfk, model="tiny.en"))
         assert status == 503
+
+
+def upload_audio_held(base: str) -> float:
+    """`streamer_upload_audio_seconds`: the decoded upload audio the gateway holds now."""
+    text = urllib.request.urlopen(base + "/metrics").read().decode()
+    return float(re.search(r"^streamer_upload_audio_seconds (\S+)$", text, re.M).group(1))
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_uploads_share_a_budget_of_decoded_audio(engine, jfk, audio_dir, tmp_path):
+    """UPLOAD_AUDIO_BUDGET_S: nothing bounded the decoded audio of concurrent uploads (a 4-h upload
+    holds 0.92 GB through its transcription). With a 370-s budget, a streamed 6-minute upload holds
+    366 s from its decode until its task ends; an 11-s upload meanwhile gets OpenAI's 429
+    (`rate_limit_exceeded`, Retry-After) saying why. The stream's client leaving gives the seconds back
+    (its task is cancelled), and the next upload is served and gives its own back when answered. A
+    stereo upload transcribed per channel counts both channels: over the whole budget it is a 413."""
+    from http.client import HTTPConnection
+    from urllib.parse import urlsplit
+
+    settings = load_settings({}, server={"max_audio_s": 370.0, "upload_audio_budget_s": 370.0})
+    with running(create_app(settings, engine)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        long_file = ("long.ogg", (audio_dir / "long" / "asterisk_en_6min.ogg").read_bytes())
+        url = urlsplit(base)
+        streamed = HTTPConnection(url.hostname, url.port, timeout=300)
+        streamed.request("POST", "/v1/audio/transcriptions", body=_multipart({"model": "tiny.en", "stream": "true"},
+                                                                              long_file),
+                         headers={"Content-Type": "multipart/form-data; boundary=" + BOUNDARY})
+        try:
+            assert streamed.getresponse().status == 200
+            assert upload_audio_held(base) == pytest.approx(366.3, abs=0.1)
+            with pytest.raises(openai.RateLimitError) as info:
+                client.audio.transcriptions.create(file=jfk, model="tiny.en")
+            body = info.value.body
+            assert body["code"] == "rate_limit_exceeded" and body["type"] == "rate_limit_error", body
+            assert "366 s of other uploads' audio" in body["message"] and "370 s limit" in body["message"], body
+            assert info.value.response.headers["Retry-After"] == "10"
+        finally:
+            streamed.close()  # the client leaves mid-stream
+        assert wait_for(lambda: upload_audio_held(base) == 0, 5.0), upload_audio_held(base)
+        assert wer(JFK, client.audio.transcriptions.create(file=jfk, model="tiny.en").text) < 0.1
+        assert upload_audio_held(base) == 0
+
+    stereo = tmp_path / "stereo.wav"
+    write_wav(stereo, np.stack([decode_audio(audio_dir / "en" / "jfk.ogg")] * 2, axis=1))
+    with running(create_app(load_settings({}, server={"max_audio_s": 15.0}), engine)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        with open(stereo, "rb") as f:
+            served = client.audio.transcriptions.create(file=f, model="tiny.en", extra_body={"multichannel": "true"})
+        assert served.text.count("fellow Americans") == 2, served.text  # each channel's
+    with running(create_app(load_settings({}, server={"max_audio_s": 15.0, "upload_audio_budget_s": 15.0}),
+                            engine)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        with open(stereo, "rb") as f:
+            status, body = error_of(lambda: client.audio.transcriptions.create(file=f, model="tiny.en",
+                                                                               extra_body={"multichannel": "true"}))
+        assert status == 413 and body["code"] == "audio_too_long", body
+        assert "22 s of audio (all channels), more than the 15 s" in body["message"], body
+        assert upload_audio_held(base) == 0
 
 
 def test_api_key(engine, jfk):

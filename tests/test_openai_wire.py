@@ -96,6 +96,24 @@ def test_logprobs(client, jfk):
     assert info.value.body["param"] == "include"
 
 
+def test_logprobs_are_streamed_as_openai_does(client, jfk):
+    """`include[]=logprobs` with `stream=true` was accepted and its logprobs never sent. OpenAI's
+    `transcript.text.delta` and `transcript.text.done` events carry them (`logprobs`: token, logprob,
+    bytes): each delta has its own text's tokens, the done event all of them, the same as the json
+    response's; without `include`, no event has any."""
+    events = list(client.audio.transcriptions.create(file=jfk, model="whisper-1", stream=True, include=["logprobs"]))
+    deltas, done = events[:-1], events[-1]
+    assert deltas and done.type == "transcript.text.done"
+    for delta in deltas:
+        assert delta.logprobs and "".join(lp.token for lp in delta.logprobs).strip() == delta.delta.strip()
+    streamed = [(lp.token, lp.logprob, lp.bytes) for delta in deltas for lp in delta.logprobs]
+    assert [(lp.token, lp.logprob, lp.bytes) for lp in done.logprobs] == streamed
+    whole = client.audio.transcriptions.create(file=jfk, model="whisper-1", include=["logprobs"])
+    assert [(lp.token, lp.logprob, lp.bytes) for lp in whole.logprobs] == streamed and whole.text == done.text
+    plain = list(client.audio.transcriptions.create(file=jfk, model="whisper-1", stream=True))
+    assert all(getattr(e, "logprobs", None) is None for e in plain)
+
+
 def test_chunking_strategy(client, short):
     upload, text = short
     for strategy in ("auto", {"type": "server_vad", "prefix_padding_ms": 300, "silence_duration_ms": 500,

@@ -1,8 +1,9 @@
 """Audio in: any file PyAV reads, or raw PCM chunks of a live stream, to float32 16 kHz mono.
 
 Files go through `decode_audio` (with size and duration limits checked as early as possible), or
-`decode_pcm16` for the same samples as 16-bit integers (what libswresample gives; half the bytes);
-live PCM goes through `StreamResampler`, which keeps the resampler's state across chunks.
+`decode_pcm16` for the same samples as 16-bit integers (what libswresample gives; half the bytes),
+or `decode_pcm16_to_file`, which writes them to a file as they come (the upload decoder's children:
+`pcm16_file_to_float` reads it back); live PCM goes through `StreamResampler`, which keeps the resampler's state across chunks.
 Bad input raises `AudioDecodeError` only: a `ValueError` whose message names the file and says
 what is wrong in plain words, fit to hand back to a client.
 """
@@ -14,7 +15,7 @@ import io
 import os
 import wave
 from fractions import Fraction
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import av
 import numpy as np
@@ -30,6 +31,15 @@ resampling each frame 0.91 s in all, batched 0.61 s)."""
 PCM_DTYPES = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4"), "mulaw": np.dtype("u1"),
                "alaw": np.dtype("u1")}
 """Raw encodings a live stream may send, as the numpy types of one sample (G.711: one byte)."""
+PROBE_S = 30.0
+"""A file with several audio streams: how much of each is decoded to find one with sound (ffmpeg's
+choice stands unless its first PROBE_S are silent). A track silent longer than that and then
+speaking is not found: every track would have to be decoded in full."""
+SOUND_PEAK = 0.01
+"""-40 dBFS: a track whose samples never reach it is silent (digital silence, a noise floor;
+speech peaks well above)."""
+READ_BLOCK_SAMPLES = 1 << 20
+"""Samples `pcm16_file_to_float` reads at a time: 2 MB beside the float32 array it fills."""
 
 _MIN_RATE, _MAX_RATE = 8000, 192000
 _MAX_CHANNELS = 8
@@ -55,6 +65,11 @@ class AudioDecodeError(ValueError):
 
     def __reduce__(self):  # raised in the decoder's child process, re-raised in the gateway
         return type(self), (self.name, self.reason)
+
+
+class SpoolError(RuntimeError):
+    """The decoded samples could not be written to (or read back from) their file: the server's
+    fault (a full disk), not the upload's."""
 
 
 class AudioTooLarge(AudioDecodeError):
@@ -99,16 +114,70 @@ def decode_pcm16(
     """`decode_audio`'s samples as int16 (`decode_audio` is `pcm16_to_float` of these): the
     upload decoder's processes send these to the gateway, half the bytes of float32 (a 4-hour
     upload: 0.46 GB instead of 0.92 GB pickled, and twice that in each process for a moment)."""
+    chunks: list[np.ndarray] = []
+    _decode(source, chunks.append, max_seconds=max_seconds, max_bytes=max_bytes, name=name, mono=mono)
+    return np.concatenate(chunks, axis=-1)
+
+
+def decode_pcm16_to_file(
+    source: Source,
+    path: str | os.PathLike,
+    *,
+    max_seconds: float | None = None,
+    max_bytes: int | None = None,
+    name: str | None = None,
+    mono: bool = True,
+) -> tuple[int, ...]:
+    """`decode_pcm16`'s samples written to `path` as they are decoded (native int16; channels kept
+    apart are interleaved), a second of audio in memory at a time; returns the shape `decode_pcm16`
+    would have returned (`pcm16_file_to_float(path, shape)` is `decode_audio`'s result). `path` must
+    exist: its owner creates it and removes it, and a decode that starts after its owner gave up
+    (and removed it) fails instead of leaving a file behind. A write that fails raises `SpoolError`."""
+    with open(path, "r+b") as f:
+        def write(chunk: np.ndarray) -> None:
+            try:  # [channels, n] views of interleaved samples: their transpose is those, in order
+                f.write(chunk.T.tobytes() if chunk.ndim == 2 else chunk.tobytes())
+            except OSError as e:  # (a full disk is not the file's fault: not an AudioDecodeError)
+                raise SpoolError(f"cannot write the decoded samples: {_plain(e)}") from None
+
+        shape = _decode(source, write, max_seconds=max_seconds, max_bytes=max_bytes, name=name, mono=mono)
+        f.truncate()  # a second attempt at the same file writes the same samples: nothing after them
+    return shape
+
+
+def pcm16_file_to_float(path: str | os.PathLike, shape: tuple[int, ...]) -> np.ndarray:
+    """The int16 samples `decode_pcm16_to_file` wrote, as `decode_audio`'s float32 array of `shape`,
+    read `READ_BLOCK_SAMPLES` at a time into the array (no second copy of the recording)."""
+    out = np.empty(shape, np.float32)
+    channels = 1 if len(shape) == 1 else shape[0]
+    frames = shape[-1]
+    block = np.empty(max(1, READ_BLOCK_SAMPLES // channels) * channels, np.int16)
+    with open(path, "rb") as f:
+        done = 0
+        while done < frames:
+            n = min(frames - done, len(block) // channels)
+            part = block[: n * channels]
+            if f.readinto(part) != part.nbytes:
+                raise SpoolError(f"{path}: {frames} samples expected, the file ends before")
+            out[..., done:done + n] = part if channels == 1 else part.reshape(n, channels).T
+            out[..., done:done + n] *= 1 / 32768  # exact, as pcm16_to_float
+            done += n
+    return out
+
+
+def _decode(source: Source, emit, *, max_seconds: float | None, max_bytes: int | None, name: str | None,
+            mono: bool) -> tuple[int, ...]:
+    """The decoding core: `emit(chunk)` with the int16 samples, about a second at a time ([n], or
+    [channels, n] with `mono=False`); returns the shape of them all."""
     data, name = _prepare(source, name, max_bytes)
-    with _open(data, name) as container:
-        stream = _audio_stream(container, name)
+    with _open_audio(data, name) as (container, stream):
         declared = _declared_duration(container, stream)
         if max_seconds is not None and declared is not None and declared > max_seconds + LIMIT_SLACK_S:
             raise AudioTooLarge(name, f"{declared:.1f} s, longer than the {max_seconds:g} s limit", "seconds")
         if not mono and stream.codec_context.channels > MAX_SEPARATE_CHANNELS:
             raise AudioDecodeError(name, f"{stream.codec_context.channels} channels, more than the "
                                          f"{MAX_SEPARATE_CHANNELS} transcribed separately")
-        converter = _MonoConverter(keep_channels=not mono)
+        converter = _MonoConverter(emit, keep_channels=not mono)
         decoded_s = 0.0
         position_s = 0.0
         good = bad = 0
@@ -135,14 +204,14 @@ def decode_pcm16(
                     raise AudioTooLarge(name, f"longer than the {max_seconds:g} s limit", "seconds")
             if bad > good:
                 raise AudioDecodeError(name, f"{first_error}; {bad} of {good + bad} packets are damaged")
-            audio = converter.finish()
-        except AudioDecodeError:
+            converter.finish()
+        except (AudioDecodeError, SpoolError):
             raise
         except (av.error.FFmpegError, ValueError, OSError, EOFError) as e:
             raise AudioDecodeError(name, f"corrupt data at {position_s:.1f} s ({_plain(e)})") from None
-    if audio.size == 0:
+    if converter.samples == 0:
         raise AudioDecodeError(name, first_error or "no audio data (truncated or corrupt)")
-    return audio
+    return (converter.samples,) if mono else (converter.channels, converter.samples)
 
 
 def _packet_seconds(packet: av.Packet) -> float:
@@ -257,17 +326,21 @@ def write_wav(path: str | os.PathLike, audio: np.ndarray, rate: int = SAMPLE_RAT
 
 
 class _MonoConverter:
-    """Decoded frames of any format, layout and rate -> one int16 16 kHz mono array.
+    """Decoded frames of any format, layout and rate -> int16 16 kHz mono chunks, handed to `emit`.
 
     Frames wait in a FIFO until about `BATCH_SECONDS` are there, then go through the resampler
     together. A change of format mid-stream (chained Ogg, a new layout) flushes the old
-    resampler and starts a new one. With `keep_channels`, channels are not mixed: the result is
-    [channels, N] (a change of channel count mid-stream is refused).
+    resampler and starts a new one. With `keep_channels`, channels are not mixed: chunks are
+    [channels, n] (a change of channel count mid-stream is refused).
     """
 
-    def __init__(self, keep_channels: bool = False) -> None:
+    def __init__(self, emit: Callable[[np.ndarray], None], keep_channels: bool = False) -> None:
+        self._emit = emit
         self._keep = keep_channels
-        self._chunks: list[np.ndarray] = []
+        self.samples = 0
+        """Samples (per channel) emitted so far."""
+        self.channels: int | None = None
+        """With `keep_channels`: the channels of the chunks emitted."""
         self._key: tuple[str, str, int] | None = None
         self._fifo: av.AudioFifo | None = None
         self._resampler: av.AudioResampler | None = None
@@ -300,7 +373,7 @@ class _MonoConverter:
         frame.pts = None  # the FIFO insists on gapless timestamps; only the samples matter here
         self._fifo.write(frame)
         if self._fifo.samples >= BATCH_SECONDS * frame.sample_rate:
-            self._chunks.append(self._convert(self._fifo.read()))
+            self._put(self._convert(self._fifo.read()))
 
     def skip(self, seconds: float) -> None:
         """Silence in place of `seconds` of audio that could not be decoded (at the current rate and
@@ -314,21 +387,25 @@ class _MonoConverter:
         silence.sample_rate = rate
         self._fifo.write(silence)
 
-    def finish(self) -> np.ndarray:
+    def finish(self) -> None:
         self._drain()
-        chunks = [c for c in self._chunks if c.size] if self._keep else self._chunks
-        if not chunks:
-            return np.zeros((1, 0) if self._keep else 0, np.int16)
-        if self._keep and len({c.shape[0] for c in chunks}) > 1:
-            raise ValueError("the number of channels changes within the file")
-        return np.concatenate(chunks, axis=-1)
+
+    def _put(self, chunk: np.ndarray) -> None:
+        if chunk.shape[-1] == 0:
+            return
+        if self._keep:
+            if self.channels is not None and chunk.shape[0] != self.channels:
+                raise ValueError("the number of channels changes within the file")
+            self.channels = chunk.shape[0]
+        self.samples += chunk.shape[-1]
+        self._emit(chunk)
 
     def _drain(self) -> None:
         if self._fifo is None:
             return
         if self._fifo.samples:
-            self._chunks.append(self._convert(self._fifo.read()))
-        self._chunks.append(self._convert(None))
+            self._put(self._convert(self._fifo.read()))
+        self._put(self._convert(None))
         self._fifo = self._resampler = self._key = None
 
 
@@ -392,13 +469,83 @@ def _open(data: str | BinaryIO, name: str) -> Iterator[av.container.InputContain
         container.close()
 
 
-def _audio_stream(container: av.container.InputContainer, name: str) -> av.audio.stream.AudioStream:
-    stream = container.streams.best("audio")
+@contextlib.contextmanager
+def _open_audio(data: str | BinaryIO, name: str) -> Iterator[tuple[av.container.InputContainer,
+                                                                    av.audio.stream.AudioStream]]:
+    """The container, and the audio stream to decode: ffmpeg's choice (`av_find_best_stream`: the
+    default track first, then the most probed frames, the highest bitrate; else the first), unless
+    the file has several audio streams and that one is silent (`SOUND_PEAK`) through its first
+    `PROBE_S` while another is not: then the first of those (`_stream_with_sound`; a screen
+    recording's silent system-audio track before its microphone's). The file is opened again after
+    such a probe, so that the chosen stream decodes from a clean start."""
+    with _open(data, name) as container:
+        stream = _audio_stream(container, name, container.streams.best("audio"))
+        if len(container.streams.audio) == 1:
+            yield container, stream
+            return
+        index = _stream_with_sound(container, stream)
+    if not isinstance(data, str):
+        data.seek(0)
+    with _open(data, name) as container:
+        yield container, _audio_stream(container, name, container.streams[index])
+
+
+def _audio_stream(container: av.container.InputContainer, name: str,
+                  stream: av.audio.stream.AudioStream | None) -> av.audio.stream.AudioStream:
     if stream is None:
         raise AudioDecodeError(name, "not an audio file (no audio stream)")
     if stream.codec_context is None:
         raise AudioDecodeError(name, "unsupported audio codec (no decoder for it)")
     return stream
+
+
+def _stream_with_sound(container: av.container.InputContainer, best: av.audio.stream.AudioStream) -> int:
+    """The index of the audio stream to decode among several: `best`, unless its first `PROBE_S` are
+    silent and another's are not (the first such). Decodes until `best` has sound or every stream
+    has `PROBE_S`; a probe that fails decides nothing (`best`)."""
+    streams = [s for s in container.streams.audio if s.codec_context is not None]
+    peaks = {s.index: 0.0 for s in streams}
+    probed = {s.index: 0.0 for s in streams}
+    try:
+        for packet in container.demux(*streams):
+            i = packet.stream.index
+            if packet.size == 0 or probed[i] >= PROBE_S:
+                continue
+            try:
+                frames = packet.decode()
+            except av.error.FFmpegError:  # a damaged packet: the rest may still be heard
+                continue
+            for frame in frames:
+                probed[i] += frame.samples / frame.sample_rate
+                peaks[i] = max(peaks[i], _peak(frame))
+            if peaks.get(best.index, 0.0) >= SOUND_PEAK or min(probed.values()) >= PROBE_S:
+                break
+    except (av.error.FFmpegError, ValueError, OSError, EOFError):
+        return best.index
+    if peaks.get(best.index, 0.0) >= SOUND_PEAK:
+        return best.index
+    return next((s.index for s in streams if peaks[s.index] >= SOUND_PEAK), best.index)
+
+
+_SAMPLE_TYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "flt": np.float32,
+                 "dbl": np.float64}
+
+
+def _peak(frame: av.AudioFrame) -> float:
+    """The largest sample magnitude of a frame, 1 at full scale. Read from its planes: PyAV 18's
+    `to_ndarray` reads past the planes of planar frames of 8 or more channels (a segfault)."""
+    dtype = np.dtype(_SAMPLE_TYPES[frame.format.name.rstrip("p")])
+    count = frame.samples * (1 if frame.format.is_planar else len(frame.layout.channels))
+    peak = 0.0
+    for plane in frame.planes if count else ():
+        x = np.frombuffer(plane, dtype, count=count)
+        if dtype.kind == "f":
+            peak = max(peak, float(np.abs(x).max()))
+        elif dtype.kind == "u":  # u8 is offset by 128
+            peak = max(peak, float(np.abs(x.astype(np.int16) - 128).max()) / 128)
+        else:
+            peak = max(peak, float(np.abs(x.astype(np.int64)).max()) / 2 ** (8 * dtype.itemsize - 1))
+    return peak
 
 
 def _declared_duration(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:

@@ -2,11 +2,14 @@
 PyAV segfaulted on planar frames of 8 or more channels) kills a child, not the gateway process with
 every live stream it serves.
 
-`DecoderPool.decode(data, name=..., **kw)` runs `decode_pcm16` on the file's bytes in a
+`DecoderPool.decode(data, name=..., **kw)` runs `decode_pcm16_to_file` on the file's bytes in a
 `ProcessPoolExecutor` whose processes fork from a forkserver that has imported PyAV (a new child in
-milliseconds, not a spawn's second of imports), and turns the 16-bit samples it sends back into
-`decode_audio`'s float32 in the gateway: a result crosses pickled, so a 4-hour upload's float32
-(0.92 GB) was held twice in the child and twice in the gateway for a moment (session 32). A crash breaks the whole executor, failing every
+milliseconds, not a spawn's second of imports). The child writes the 16-bit samples, a second at a
+time, to a temporary file that the gateway created and removes whatever happens (a crash included),
+and returns only their shape; the gateway reads the file block by block into `decode_audio`'s float32
+array. A result returned pickled was held about four times in the child (its chunks, their
+concatenation, `tobytes`, the pickler's buffer: 1.9 GB for a 4-hour upload) and twice in the gateway
+for a moment (session 32; docs/notes/up33.md). A crash breaks the whole executor, failing every
 decode in flight with it: each of those runs once more in a child of its own, so only the file that
 crashes that one too is refused (`AudioDecodeError`, a 400).
 """
@@ -17,7 +20,9 @@ import asyncio
 import functools
 import logging
 import multiprocessing
+import contextlib
 import os
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -25,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from streamer.audio.decode import AudioDecodeError, decode_pcm16, pcm16_to_float
+from streamer.audio.decode import AudioDecodeError, decode_pcm16_to_file, pcm16_file_to_float
 
 log = logging.getLogger("streamer.server")
 
@@ -42,8 +47,11 @@ class DecoderPool:
     """Child processes that decode uploads; event loop only. Started by `start()` (a served gateway
     calls it at its start) or else at the first upload."""
 
-    def __init__(self, processes: int = 0):
+    def __init__(self, processes: int = 0, spool_dir: str | None = None):
+        """`spool_dir`: where the decoded samples wait between the child and the gateway (2 bytes a
+        sample: 0.46 GB for 4 hours); None: the system's temporary directory (`TMPDIR`)."""
         self.processes = processes or default_processes()
+        self.spool_dir = spool_dir
         self.crashes = 0
         """Executors lost to a crashing child (for tests and logs)."""
         self.inline = False
@@ -61,8 +69,16 @@ class DecoderPool:
             await asyncio.gather(*(loop.run_in_executor(executor, time.sleep, WARM_S) for _ in range(self.processes)))
 
     async def decode(self, data: bytes, *, name: str, **kwargs) -> np.ndarray:
-        """`decode_audio(data, name=name, **kwargs)`, decoded in a child: its result, or its AudioDecodeError."""
-        return pcm16_to_float(await self.run(functools.partial(decode_pcm16, data, name=name, **kwargs), name=name))
+        """`decode_audio(data, name=name, **kwargs)`, decoded in a child: its result, or its
+        AudioDecodeError (`SpoolError` if the samples' file cannot be written or read)."""
+        fd, path = tempfile.mkstemp(prefix="streamer-upload-", suffix=".s16", dir=self.spool_dir)
+        os.close(fd)
+        try:
+            shape = await self.run(functools.partial(decode_pcm16_to_file, data, path, name=name, **kwargs), name=name)
+            return await asyncio.to_thread(pcm16_file_to_float, path, shape)
+        finally:  # a child still writing (its decode given up) writes on into the removed file
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     async def run(self, call: Callable[[], Any], *, name: str) -> Any:
         """`call()` (picklable) in a child; AudioDecodeError(name, ...) if the child dies on it twice."""

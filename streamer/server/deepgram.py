@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
 from streamer.audio import SAMPLE_RATE
-from streamer.audio.decode import AudioDecodeError, AudioTooLarge, StreamResampler, pcm_dtype
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge, SpoolError, StreamResampler, pcm_dtype
 from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
@@ -39,6 +39,7 @@ from streamer.server.body import BodyStalled, BodyTooLarge, ClientGone, read_bod
 from streamer.server.files import while_connected
 from streamer.server.socket_stream import SocketStream, to_protocol
 from streamer.server.state import ServerState
+from streamer.server.upload_budget import RETRY_AFTER_S, Hold, Refusal
 from streamer.streaming.session import Session
 
 log = logging.getLogger("streamer.server")
@@ -178,6 +179,7 @@ async def listen_file(request: Request) -> JSONResponse:
         return refuse(503, ListenError("the server is not ready", "SERVICE_UNAVAILABLE"))
     started = time.monotonic()
     limits = state.settings.server
+    held: Hold | None = None
     try:
         options = parse_options(_query(request.scope), state.settings.streaming, engine.tokenizer.multilingual,
                                 set(engine.tokenizer.language_tokens), live=False)
@@ -192,6 +194,12 @@ async def listen_file(request: Request) -> JSONResponse:
                                                mono=not options.multichannel)
         if audio.ndim == 1:
             audio = audio[None]
+        decision = state.upload_budget.reserve(audio.size / SAMPLE_RATE)  # as the file endpoints (files.hold_audio)
+        if isinstance(decision, Refusal):
+            if decision.retry:
+                return refuse(429, ListenError(decision.message, "TOO_MANY_REQUESTS"), retry_after_s=RETRY_AFTER_S)
+            return refuse(413, ListenError(decision.message, "PAYLOAD_TOO_LARGE"))
+        held = decision
         decode = DecodeOptions(language=options.language)
         transcripts = await while_connected(request, asyncio.gather(*(
             transcribe_long(engine, a, mode=limits.mode, options=decode, word_timestamps=True) for a in audio)))
@@ -209,12 +217,18 @@ async def listen_file(request: Request) -> JSONResponse:
         return refuse(413, ListenError(str(e), "PAYLOAD_TOO_LARGE"))
     except AudioDecodeError as e:
         return refuse(400, ListenError(str(e), "UNSUPPORTED_MEDIA"))
+    except SpoolError as e:  # the server's temporary storage (a full disk), not the body
+        log.error("a /v1/listen body's decoded samples could not be spooled: %s", e)
+        return refuse(500, ListenError("the server could not store the decoded audio", "INTERNAL_SERVER_ERROR"))
     except EngineUnavailable as e:  # an engine core died under the request
         return refuse(503, ListenError(str(e), "SERVICE_UNAVAILABLE"), retry_after_s=5)
     except QueueFull as e:
         return refuse(429, ListenError(str(e), "TOO_MANY_REQUESTS"), retry_after_s=e.retry_after_s)
     except EngineClosed:
         return refuse(503, ListenError("the server is shutting down", "SERVICE_UNAVAILABLE"))
+    finally:
+        if held is not None:
+            held.release()
     duration = audio.shape[1] / SAMPLE_RATE
     state.metrics.observe_file(duration * len(transcripts), time.monotonic() - started)
     body_digest = hashlib.sha256(body).hexdigest()

@@ -20,24 +20,25 @@ from typing import Awaitable, TypeVar
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from streamer.audio.decode import AudioDecodeError, AudioTooLarge
+from streamer.audio import SAMPLE_RATE
+from streamer.audio.decode import AudioDecodeError, AudioTooLarge, SpoolError
 from streamer.config import model_id
 from streamer.engine.errors import EngineClosed, EngineUnavailable
 from streamer.engine.request import DecodeOptions
 from streamer.engine.scheduler import QueueFull
 from streamer.longform import MODES, Transcript, transcribe_long
-from streamer.longform.transcript import merge_channels
+from streamer.longform.transcript import TranscriptSegment, merge_channels
 from streamer.longform.formats import FORMATS, MEDIA_TYPES, render
 from streamer.protocols import validation as v
 from streamer.protocols.outputs import logprobs_wire
 from streamer.server.auth import error_body
 from streamer.server.body import BodyStalled, BodyTooLarge, ClientGone, limited_receive
+from streamer.server.upload_budget import RETRY_AFTER_S, Hold, Refusal
 
 T = TypeVar("T")
 log = logging.getLogger("streamer.server")
@@ -48,9 +49,9 @@ MAX_PROMPT_BYTES = 64 * 1024
 """Longest `prompt` (UTF-8): Whisper reads only its last 224 tokens, about 1 KB of text, so this is
 generous; checked by `_parse`, so that the error names the field."""
 MAX_TEXT_PART_BYTES = 4 * MAX_PROMPT_BYTES
-"""Largest text part the multipart parser holds, and the allowance for the text fields in the body
-beside the file. Above MAX_PROMPT_BYTES so that a long prompt reaches `_parse`'s check: Starlette's
-part-size error does not say which part it was. File parts are not limited by it."""
+"""Largest text part the multipart parser holds (a 400 naming the part past it: `_FormParser`), and
+the allowance for the text fields in the body beside the file. Above MAX_PROMPT_BYTES so that a long
+prompt reaches `_parse`'s check and its own message. File parts are not limited by it."""
 GRANULARITIES = ("segment", "word")
 STREAM_FORMATS = ("json", "text")
 """The response formats `stream=true` serves: its events carry the text, nothing else."""
@@ -141,19 +142,23 @@ async def _transcribe(request: Request, task: str) -> Response:
     limits = state.settings.server
     started = time.monotonic()
     form: FormData | None = None
+    held: Hold | None = None
     try:
         engine = _engine(request)
         max_bytes = int(limits.max_upload_mb * 2**20)
         form = await _read_form(request, max_bytes, limits.upload_idle_timeout_s)
         req = _parse(form, engine, task, limits.mode)
         audio = await _decode(state, req.upload, limits.max_audio_s, max_bytes, not req.multichannel)
+        held = hold_audio(state, audio)
         await form.close()  # the samples are in memory now: the temporary file can go
         form = None
         run = dict(mode=req.mode, options=req.options, word_timestamps=req.words)
         if req.stream and not req.multichannel:
             deltas: asyncio.Queue = asyncio.Queue()
-            task = await _start_stream(engine, audio, run, deltas)
-            events = _events(task, deltas, state, started, limits.sse_keepalive_s)
+            task = await _start_stream(engine, audio, run, deltas, held)
+            held = None  # the task holds the samples now, and releases them when it ends
+            events = _events(task, deltas, state, started, limits.sse_keepalive_s,
+                             engine.tokenizer if req.logprobs else None)
             weakref.finalize(events, task.cancel)  # a client that left before the first event: stop decoding
             return StreamingResponse(events,
                                      media_type="text/event-stream",
@@ -185,8 +190,23 @@ async def _transcribe(request: Request, task: str) -> Response:
         log.info("an upload's client disconnected before its answer: its work is dropped")
         return Response(status_code=400)  # never read: the connection is gone
     finally:
+        if held is not None:
+            held.release()
         if form is not None:
             await form.close()
+
+
+def hold_audio(state, audio) -> Hold:
+    """`audio`'s seconds (every channel) reserved in the gateway's `UploadBudget`; 429 with
+    Retry-After when other uploads hold too much now, 413 when it is over the whole budget. Refused
+    at once, not queued: waiting would hold the decoded samples the budget is there to bound."""
+    decision = state.upload_budget.reserve(audio.size / SAMPLE_RATE)
+    if isinstance(decision, Refusal):
+        if decision.retry:
+            raise ApiError(429, decision.message, "rate_limit_exceeded", param="file", type_="rate_limit_error",
+                           retry_after_s=RETRY_AFTER_S)
+        raise ApiError(413, decision.message, "audio_too_long", param="file")
+    return decision
 
 
 class _FirstSubmit:
@@ -205,15 +225,17 @@ class _FirstSubmit:
         return handle
 
 
-async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue) -> asyncio.Task:
-    """The transcription of a streamed response, started, its segments' text put on `queue` (None
-    when it ends). Returns once the engine has taken its first window or it has ended, so that a
+async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue, held: Hold) -> asyncio.Task:
+    """The transcription of a streamed response, started, each batch of its final segments put on
+    `queue` as (text, [(token, logprob)]) (None when it ends), `held` released when it ends however
+    it does. Returns once the engine has taken its first window or it has ended, so that a
     refused recording (QueueFull, EngineClosed, EngineUnavailable) is still an HTTP error with its
     status (429 with Retry-After), not an error event after a 200."""
     watched = _FirstSubmit(engine)
     task = asyncio.ensure_future(transcribe_long(
-        watched, audio, on_segments=lambda segments: queue.put_nowait("".join(s.text for s in segments)), **run))
+        watched, audio, on_segments=lambda segments: queue.put_nowait(_batch(segments)), **run))
     task.add_done_callback(lambda _: queue.put_nowait(None))
+    task.add_done_callback(lambda _: held.release())
     accepted = asyncio.ensure_future(watched.accepted.wait())
     try:
         await asyncio.wait({task, accepted}, return_when=asyncio.FIRST_COMPLETED)
@@ -227,25 +249,36 @@ async def _start_stream(engine, audio, run: dict, queue: asyncio.Queue) -> async
     return task
 
 
-async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: float, keepalive_s: float):
+def _batch(segments: list[TranscriptSegment]) -> tuple[str, list[tuple[int, float]]]:
+    """A batch of final segments as the stream sends it: their text, and their (token, log
+    probability) pairs; taken when it comes (the segments are the transcript's, and not frozen)."""
+    return "".join(s.text for s in segments), [pair for s in segments for pair in zip(s.tokens, s.token_logprobs)]
+
+
+async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: float, keepalive_s: float, tok=None):
     """Server-sent events: `transcript.text.delta` per batch of final segments (a decoded window;
     with `accurate`'s vote, what it has made final), in order, then
     `transcript.text.done`; an error after the response began comes as an `error` event; a comment
-    line after `keepalive_s` without an event."""
+    line after `keepalive_s` without an event. With `tok` (`include[]=logprobs`), each event carries
+    OpenAI's `logprobs` of its text's tokens, as OpenAI's do."""
     first = True
     try:
         while True:
             try:  # (a get cancelled by the timeout loses no item: wait_for returns one that came meanwhile)
-                delta = await asyncio.wait_for(queue.get(), keepalive_s)
+                batch = await asyncio.wait_for(queue.get(), keepalive_s)
             except asyncio.TimeoutError:
                 yield KEEPALIVE
                 continue
-            if delta is None:
+            if batch is None:
                 break
+            delta, tokens = batch
             if first:
                 delta, first = delta.lstrip(), False
             if delta:
-                yield _sse({"type": "transcript.text.delta", "delta": delta})
+                event = {"type": "transcript.text.delta", "delta": delta}
+                if tok is not None:
+                    event["logprobs"] = logprobs_wire(tok.token_bytes, tokens)
+                yield _sse(event)
         try:
             transcript = task.result()
         except (QueueFull, EngineClosed, EngineUnavailable) as e:
@@ -255,7 +288,10 @@ async def _events(task: asyncio.Task, queue: asyncio.Queue, state, started: floa
             yield _sse(error_body(error.message, error.code, type_=error.type))
             return
         _observe(state, transcript, started)
-        yield _sse({"type": "transcript.text.done", "text": transcript.text})
+        done = {"type": "transcript.text.done", "text": transcript.text}
+        if tok is not None:
+            done["logprobs"] = _logprobs(transcript, tok)
+        yield _sse(done)
     finally:
         task.cancel()  # the client went away: stop decoding its windows
 
@@ -323,12 +359,38 @@ async def _read_form(request: Request, max_bytes: int, idle_timeout_s: float) ->
         raise MultiPartException(str(failure))
 
     try:
-        return await Request(request.scope, receive).form(max_files=1, max_fields=32,
-                                                          max_part_size=MAX_TEXT_PART_BYTES)
-    except (HTTPException, MultiPartException) as e:  # ours, or Starlette's multipart errors
+        async with contextlib.aclosing(Request(request.scope, receive).stream()) as stream:
+            return await _FormParser(request.headers, stream, max_files=1, max_fields=32,
+                                     max_part_size=MAX_TEXT_PART_BYTES).parse()
+    except MultiPartException as e:  # ours, or Starlette's multipart errors
         if failure is not None:
             raise failure from None
-        raise ApiError(400, f"malformed multipart body: {getattr(e, 'detail', e)}", "invalid_request") from None
+        if isinstance(e, PartTooLarge) and e.field:
+            raise ApiError(400, f"the text field `{e.field}` is larger than {MAX_TEXT_PART_BYTES // 1024} KB, the "
+                                "limit of a text field", "invalid_value", param=e.field) from None
+        raise ApiError(400, f"malformed multipart body: {e.message}", "invalid_request") from None
+
+
+class PartTooLarge(MultiPartException):
+    """A text part over the parser's `max_part_size`; `field` is its name ("" if unknown)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+class _FormParser(MultiPartParser):
+    """Starlette's multipart parser, its part-size error naming the part: Starlette's own ("Part
+    exceeded maximum size of 256KB.") does not, and the client had to guess which field it was."""
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        try:
+            super().on_part_data(data, start, end)
+        except MultiPartException as e:
+            # Only a text part's size is checked here. Starlette 1.10 keeps the part being read in
+            # `_current_part` (set from its Content-Disposition); without it, the error is unnamed.
+            field = getattr(getattr(self, "_current_part", None), "field_name", "")
+            raise PartTooLarge(e.message, field) from None
 
 
 def _parse(form: FormData, engine, task: str, default_mode: str) -> FileRequest:
@@ -491,6 +553,10 @@ async def _decode(state, upload: UploadFile, max_seconds: float, max_bytes: int,
         raise ApiError(413, str(e), "audio_too_long" if e.limit == "seconds" else "file_too_large", param="file") from None
     except AudioDecodeError as e:  # OpenAI answers 400 (the SDKs raise BadRequestError)
         raise ApiError(400, str(e), "invalid_file_format", param="file") from None
+    except SpoolError as e:  # the server's temporary storage (a full disk), not the file
+        log.error("an upload's decoded samples could not be spooled: %s", e)
+        raise ApiError(500, "the server could not store the decoded audio; try again later", "server_error",
+                       type_="server_error") from None
 
 
 # --- helpers ----------------------------------------------------------------------------------------

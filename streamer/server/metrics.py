@@ -124,6 +124,10 @@ class Metrics:
         self.file_time = Histogram(
             "streamer_file_processing_seconds", "From an upload's decoded audio to its transcript",
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800), registry=self.registry)
+        self.upload_audio = Gauge(
+            "streamer_upload_audio_seconds", "Decoded upload audio held by the file endpoints, from decode to "
+            "transcript (every channel counted); uploads past UPLOAD_AUDIO_BUDGET_S are refused",
+            registry=self.registry, multiprocess_mode="livesum")
         self.partial_interval = Histogram(
             "streamer_partial_interval_seconds",
             "Time between two partial windows of one utterance: the live policy widens it under load",

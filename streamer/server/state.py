@@ -20,6 +20,7 @@ from streamer.server.bridge import Bridge, Emit
 from streamer.server.metrics import Metrics
 from streamer.server.decoder import DecoderPool
 from streamer.server.resume import ResumeStore
+from streamer.server.upload_budget import UploadBudget, budget_seconds
 from streamer.server.vad_batcher import VADBatcher
 from streamer.streaming.cadence import CadenceConfig, PartialCadence, budget_for
 from streamer.streaming.session import Session
@@ -65,6 +66,8 @@ class ServerState:
     """`/v1/stream` sessions kept for resume (built from `settings.server` when None)."""
     decoder: DecoderPool | None = None
     """Child processes that decode uploads (built from `settings.server` when None)."""
+    upload_budget: UploadBudget | None = None
+    """Decoded upload audio this process holds (`upload_audio_budget_s`; built from settings when None)."""
     twilio: dict = field(default_factory=dict)
     """`/v1/twilio` streams by `streamSid`, for their subscribers (`server/twilio.py`)."""
     engine_ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -76,6 +79,10 @@ class ServerState:
     def __post_init__(self) -> None:
         if self.decoder is None:
             self.decoder = DecoderPool(self.settings.server.upload_decoders)
+        if self.upload_budget is None:
+            server = self.settings.server
+            self.upload_budget = UploadBudget(budget_seconds(server.upload_audio_budget_s, server.max_audio_s),
+                                              on_change=self.metrics.upload_audio.set)
         if self.resume is None:
             server = self.settings.server
             self.resume = ResumeStore(server.worker_id, server.resume_s, max_parked=server.max_sessions,

@@ -230,6 +230,12 @@ class ServerConfig:
     upload_decoders: int = 0
     """Child processes per gateway worker that decode uploads (a file that crashes the decoder kills
     one of them, not the gateway: `server/decoder.py`); 0: as many as cores, up to 4."""
+    upload_spool_dir: str | None = None
+    """Where an upload's decoded samples wait between its decoder process and the gateway (2 bytes a
+    sample: 0.46 GB for 4 hours, removed at once); None: the system's temporary directory (`TMPDIR`).
+    Point it at a disk, not a small tmpfs, and at one directory per host or container: a gateway's
+    start removes the files of gateway pids that no longer exist there (killed ones left them;
+    `server/decoder.py`)."""
     upload_idle_timeout_s: float = 30.0
     """An upload whose body stalls this long is refused (408) and its temporary file removed."""
     sse_keepalive_s: float = 15.0
@@ -316,6 +322,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "RESUME_S": ("server", "resume_s"),
     "RESUME_EVENTS": ("server", "resume_events"),
     "UPLOAD_DECODERS": ("server", "upload_decoders"),
+    "UPLOAD_SPOOL_DIR": ("server", "upload_spool_dir"),
     "STREAMER_WORKER_ID": ("server", "worker_id"),
     "WEBRTC_ICE_SERVERS": ("server", "webrtc_ice_servers"),
 }
@@ -480,6 +487,8 @@ def check_settings(settings: Settings) -> None:
     if server.upload_audio_budget_s is not None and server.upload_audio_budget_s < server.max_audio_s:
         raise v.ValidationError("UPLOAD_AUDIO_BUDGET_S", f"{server.upload_audio_budget_s:g} is below MAX_AUDIO_S "
                                 f"({server.max_audio_s:g}): an upload at the duration limit could never be served")
+    if server.upload_spool_dir is not None and not os.path.isdir(server.upload_spool_dir):
+        raise v.ValidationError("UPLOAD_SPOOL_DIR", f"{server.upload_spool_dir!r} is not a directory")
     if bool(server.ssl_certfile) != bool(server.ssl_keyfile):
         raise v.ValidationError("SSL_KEYFILE" if server.ssl_certfile else "SSL_CERTFILE",
                                 "SSL_CERTFILE and SSL_KEYFILE go together")

@@ -24,6 +24,7 @@ from streamer.config import ENV_VARS, RANGES, Settings, load_settings
     ({"VAD_BATCH_MS": "5000"}, "VAD_BATCH_MS"), ({"SSL_CERTFILE": "/tmp/cert.pem"}, "SSL_KEYFILE"),
     ({"WEBRTC_ICE_SERVERS": "stun:example"}, "WEBRTC_ICE_SERVERS"), ({"CPU_ENCODER": "int8"}, "CPU_ENCODER"),
     ({"UPLOAD_AUDIO_BUDGET_S": "0"}, "UPLOAD_AUDIO_BUDGET_S"), ({"UPLOAD_AUDIO_BUDGET_S": "3600"}, "UPLOAD_AUDIO_BUDGET_S"),
+    ({"UPLOAD_SPOOL_DIR": "/nonexistent/spool"}, "UPLOAD_SPOOL_DIR"), ({"FILL_FILES_FIRST": "sometimes"}, "FILL_FILES_FIRST"),
 ])
 def test_a_bad_value_is_refused_naming_its_variable(env, name):
     with pytest.raises(ValueError, match=name):

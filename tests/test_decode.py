@@ -267,6 +267,51 @@ def test_a_decoder_child_holds_a_second_of_audio_and_leaves_no_file(audio_dir, t
     assert growth < pcm_bytes, f"the child grew {growth / 2**20:.0f} MB for {pcm_bytes / 2**20:.0f} MB of int16"
 
 
+def test_a_gateways_start_removes_the_spool_files_of_killed_gateways_only(audio_dir, tmp_path):
+    """A gateway killed mid-decode (SIGKILL: no `finally` runs) leaves its upload's samples in the
+    spool directory; the next gateway's `DecoderPool.start` removes them, and keeps the files of
+    gateways still alive (here: this process's) and files that are not spool files."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from streamer.server.decoder import SPOOL_PREFIX, SPOOL_SUFFIX, DecoderPool
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    source = audio_dir / "long" / "asterisk_en_6min.ogg"
+    code = (
+        "import asyncio\n"
+        "from streamer.server.decoder import DecoderPool\n"
+        f"data = open({str(source)!r}, 'rb').read() * 6\n"
+        f"pool = DecoderPool(1, spool_dir={str(spool)!r})\n"
+        "asyncio.run(pool.decode(data, name='long.ogg'))\n"
+    )
+    gateway = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not [f for f in spool.iterdir() if f.stat().st_size > 0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(gateway.pid, signal.SIGKILL)  # the gateway and its decoder processes, as an OOM kill
+        gateway.wait()
+    left = sorted(spool.iterdir())
+    assert [f.name for f in left] and all(f.name.startswith(f"{SPOOL_PREFIX}{gateway.pid}-") for f in left)
+    alive = spool / f"{SPOOL_PREFIX}{os.getpid()}-live{SPOOL_SUFFIX}"
+    other = spool / "notes.txt"
+    alive.write_bytes(b"\0\0")
+    other.write_text("kept")
+    pool = DecoderPool(1, spool_dir=str(spool))
+    try:
+        asyncio.run(pool.start())
+    finally:
+        pool.close()
+    assert sorted(spool.iterdir()) == sorted([alive, other])
+
+
 def write_tracks(path: Path, tracks: list[np.ndarray], rate: int = 16000) -> None:
     """A Matroska file of one 16-bit PCM audio track per array (float in [-1, 1]), interleaved
     a second at a time as a muxer would."""

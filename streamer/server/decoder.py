@@ -38,6 +38,43 @@ WARM_S = 0.05
 """How long each warm-up call keeps its child busy (`start`)."""
 
 
+SPOOL_PREFIX, SPOOL_SUFFIX = "streamer-upload-", ".s16"
+"""A spool file is `streamer-upload-<gateway pid>-<random>.s16`: the pid says whose it is."""
+
+
+def remove_stale_spools(spool_dir: str | None = None) -> int:
+    """Remove the spool files in `spool_dir` (None: the temporary directory) whose gateway process is
+    gone, and return how many. A gateway removes its own whatever happens, except when it is killed
+    (SIGKILL, OOM): then its in-flight uploads' samples stay, up to 0.46 GB each. Gateways that share
+    the directory keep each other's: only files of a pid that no longer exists go."""
+    folder = spool_dir or tempfile.gettempdir()
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        if not (name.startswith(SPOOL_PREFIX) and name.endswith(SPOOL_SUFFIX)):
+            continue
+        pid = name[len(SPOOL_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def default_processes() -> int:
     """Decoder processes of a gateway worker when the setting is 0: as many as cores, up to 4."""
     return max(1, min(4, os.cpu_count() or 1))
@@ -61,7 +98,11 @@ class DecoderPool:
 
     async def start(self) -> None:
         """Start the forkserver and every child now, not at the first uploads (on the 2-core CPU, the
-        first decode of an 11-s file took 0.21-0.48 s from a cold pool, 0.05-0.06 s from a started one)."""
+        first decode of an 11-s file took 0.21-0.48 s from a cold pool, 0.05-0.06 s from a started one);
+        first remove the spool files that killed gateways left behind (`remove_stale_spools`)."""
+        removed = await asyncio.to_thread(remove_stale_spools, self.spool_dir)
+        if removed:
+            log.warning("removed %d decoded-upload files left by gateways that were killed", removed)
         executor = await self._get()
         if executor is not None:
             loop = asyncio.get_running_loop()
@@ -71,7 +112,7 @@ class DecoderPool:
     async def decode(self, data: bytes, *, name: str, **kwargs) -> np.ndarray:
         """`decode_audio(data, name=name, **kwargs)`, decoded in a child: its result, or its
         AudioDecodeError (`SpoolError` if the samples' file cannot be written or read)."""
-        fd, path = tempfile.mkstemp(prefix="streamer-upload-", suffix=".s16", dir=self.spool_dir)
+        fd, path = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-", suffix=SPOOL_SUFFIX, dir=self.spool_dir)
         os.close(fd)
         try:
             shape = await self.run(functools.partial(decode_pcm16_to_file, data, path, name=name, **kwargs), name=name)

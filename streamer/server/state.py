@@ -78,7 +78,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         if self.decoder is None:
-            self.decoder = DecoderPool(self.settings.server.upload_decoders)
+            self.decoder = DecoderPool(self.settings.server.upload_decoders, self.settings.server.upload_spool_dir)
         if self.upload_budget is None:
             server = self.settings.server
             self.upload_budget = UploadBudget(budget_seconds(server.upload_audio_budget_s, server.max_audio_s),

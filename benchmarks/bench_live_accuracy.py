@@ -21,7 +21,8 @@ Files: `6min` (the shared recording) and `messy-LANG-MINUTES-SEED`, joins of sha
     python benchmarks/bench_live_accuracy.py --files messy-en-15-0 --condition on,off --runs 1
     python benchmarks/bench_live_accuracy.py --model base --files messy-es-10-0,messy-fr-10-0
     python benchmarks/bench_live_accuracy.py --transports none --offline fast,accurate,fw-seq,fw-seq-beam5
-    python benchmarks/bench_live_accuracy.py --transports stream --audio pcm16k,mulaw8k --offline none --runs 1
+    python benchmarks/bench_live_accuracy.py --transports stream --audio pcm16k,mulaw8k --offline none --runs 1 \
+        --files jfk+messy-en-8-0
 
 The cutting of a stream depends on stream time only and a stream's prompts wait for its previous
 final, so the finals do not depend on the pace; only latency does (and partials, which finals
@@ -57,10 +58,23 @@ OFFLINE = ("fast", "accurate", "fw-seq", "fw-seq-beam5")
 AUDIO = ("pcm16k", "mulaw8k")
 
 
+JFK_PAUSE_S = 1.0
+
+
 def recording(spec: str) -> dict:
-    """{'name', 'language', 'audio', 'reference', 'spans'} for `6min` or `messy-LANG-MIN-SEED`."""
+    """{'name', 'language', 'audio', 'reference', 'spans'} for `6min` or `messy-LANG-MIN-SEED`, or
+    `jfk+` either: Kennedy's 11 s first (whose first sentence tiny.en writes unstyled at 8 kHz),
+    then the recording 1 s later, to see whether that style carries on into it."""
     from streamer.audio.decode import decode_audio
 
+    if spec.startswith("jfk+"):
+        rec, row = recording(spec[4:]), manifest("en", folder="en/jfk")[0]
+        jfk = np.concatenate([decode_audio(row["path"]), np.zeros(int(JFK_PAUSE_S * SAMPLE_RATE), np.float32)])
+        shift = len(jfk) / SAMPLE_RATE
+        spans = None if rec["spans"] is None else \
+            [(0.0, shift - JFK_PAUSE_S, row["text"])] + [(s + shift, e + shift, t) for s, e, t in rec["spans"]]
+        return {**rec, "name": "jfk+" + rec["name"], "audio": np.concatenate([jfk, rec["audio"]]),
+                "reference": row["text"] + " " + rec["reference"], "spans": spans}
     if spec == "6min":
         row = manifest("en", folder="long/")[0]
         return {"name": "asterisk_en_6min", "language": "en", "audio": decode_audio(row["path"]),

@@ -7,7 +7,12 @@ conditioning; transcribes the same file offline with `fast` and `accurate` (and 
 sequential `transcribe`, greedy and 5 beams, on the same weights). Per file and system: WER of the
 live finals (mean, min, max; spread = max - min over the runs), runaway finals (more words than
 twice the reference span they cover), Realtime items whose deltas do not join to their
-`completed.transcript`, and the items. WER after Whisper's normaliser on both sides.
+`completed.transcript`, and the items. WER after Whisper's normaliser on both sides. Per run
+also the share of finals that are unstyled (cased letters, none upper case, no punctuation:
+`decoding.unstyled`) and how many of those follow an unstyled final (the style carried on).
+
+`--audio mulaw8k` streams the recording over `/v1/stream` as a call-center client does: 8-kHz
+G.711 μ-law (`encoding: "mulaw"`, band-limited by libswresample as `bench_telephony.py` does).
 
 Files: `6min` (the shared recording) and `messy-LANG-MINUTES-SEED`, joins of shared prompts with
 1-6 s pauses, 3-s noise gaps and a noise floor, built reproducibly (`messy.py`).
@@ -16,6 +21,8 @@ Files: `6min` (the shared recording) and `messy-LANG-MINUTES-SEED`, joins of sha
     python benchmarks/bench_live_accuracy.py --files messy-en-15-0 --condition on,off --runs 1
     python benchmarks/bench_live_accuracy.py --model base --files messy-es-10-0,messy-fr-10-0
     python benchmarks/bench_live_accuracy.py --transports none --offline fast,accurate,fw-seq,fw-seq-beam5
+    python benchmarks/bench_live_accuracy.py --transports stream --audio pcm16k,mulaw8k --offline none --runs 1 \
+        --files jfk+messy-en-8-0
 
 The cutting of a stream depends on stream time only and a stream's prompts wait for its previous
 final, so the finals do not depend on the pace; only latency does (and partials, which finals
@@ -33,9 +40,10 @@ import time
 
 import numpy as np
 
-from common import AUDIO_DIR, ct2_dir, environment, manifest, normalizer, table, wer, write_json
+from common import AUDIO_DIR, ct2_dir, environment, manifest, normalizer, table, telephone_bytes, wer, write_json
 
 from streamer.audio import SAMPLE_RATE
+from streamer.model.decoding import unstyled
 from messy import messy_join
 
 CHUNK_S = 0.1
@@ -47,12 +55,26 @@ RUNAWAY_FACTOR = 2.0
 LAST_FINAL_WAIT_S = 600.0
 """At most this long after the last audio for the final of the last speech."""
 OFFLINE = ("fast", "accurate", "fw-seq", "fw-seq-beam5")
+AUDIO = ("pcm16k", "mulaw8k")
+
+
+JFK_PAUSE_S = 1.0
 
 
 def recording(spec: str) -> dict:
-    """{'name', 'language', 'audio', 'reference', 'spans'} for `6min` or `messy-LANG-MIN-SEED`."""
+    """{'name', 'language', 'audio', 'reference', 'spans'} for `6min` or `messy-LANG-MIN-SEED`, or
+    `jfk+` either: Kennedy's 11 s first (whose first sentence tiny.en writes unstyled at 8 kHz),
+    then the recording 1 s later, to see whether that style carries on into it."""
     from streamer.audio.decode import decode_audio
 
+    if spec.startswith("jfk+"):
+        rec, row = recording(spec[4:]), manifest("en", folder="en/jfk")[0]
+        jfk = np.concatenate([decode_audio(row["path"]), np.zeros(int(JFK_PAUSE_S * SAMPLE_RATE), np.float32)])
+        shift = len(jfk) / SAMPLE_RATE
+        spans = None if rec["spans"] is None else \
+            [(0.0, shift - JFK_PAUSE_S, row["text"])] + [(s + shift, e + shift, t) for s, e, t in rec["spans"]]
+        return {**rec, "name": "jfk+" + rec["name"], "audio": np.concatenate([jfk, rec["audio"]]),
+                "reference": row["text"] + " " + rec["reference"], "spans": spans}
     if spec == "6min":
         row = manifest("en", folder="long/")[0]
         return {"name": "asterisk_en_6min", "language": "en", "audio": decode_audio(row["path"]),
@@ -96,18 +118,23 @@ async def engine_idle(engine, ping, quiet_s: float = 1.5) -> None:
 
 
 async def stream_native(base: str, rec: dict, pace: float, condition: bool, engine, partials: bool,
-                        context: bool | None = None) -> list[dict]:
+                        context: bool | None = None, audio: str = "pcm16k") -> list[dict]:
     """Finals of one `/v1/stream` session: [{'text', 'start', 'end', 'latency_ms'}]; `context`:
-    acoustic context on, off, or None for the server's default."""
+    acoustic context on, off, or None for the server's default; `audio`: 16-kHz PCM or 8-kHz μ-law."""
     import websockets
 
-    pcm = pcm16(np.concatenate([rec["audio"], np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)]))
-    chunk = int(CHUNK_S * SAMPLE_RATE) * 2
+    samples = np.concatenate([rec["audio"], np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)])
+    if audio == "mulaw8k":
+        rate, encoding, data = 8000, "mulaw", telephone_bytes(samples, "mulaw")
+        chunk = int(CHUNK_S * rate)
+    else:
+        rate, encoding, data = SAMPLE_RATE, "pcm_s16le", pcm16(samples)
+        chunk = int(CHUNK_S * rate) * 2
     language = rec["language"]
     # No keepalive pings: on a loaded machine the in-process server answers late, and a missed pong
     # would end the run (the bench waits for every final anyway).
     async with websockets.connect(base.replace("http", "ws") + "/v1/stream", max_size=None, ping_interval=None) as ws:
-        start = {"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le",
+        start = {"type": "start", "sample_rate": rate, "encoding": encoding,
                  "language": language if language != "en" else None, "condition_on_previous_text": condition,
                  "partials": partials}
         if context is not None:
@@ -118,8 +145,8 @@ async def stream_native(base: str, rec: dict, pace: float, condition: bool, engi
         finals: list[dict] = []
 
         async def send():
-            for i in range(0, len(pcm), chunk):
-                await ws.send(pcm[i:i + chunk])
+            for i in range(0, len(data), chunk):
+                await ws.send(data[i:i + chunk])
                 await asyncio.sleep(CHUNK_S / pace)
             # The server may not have read all the audio yet (it stops reading past MAX_BACKLOG_S):
             # wait for the final of the last speech, then for the engine to be idle, then stop, so
@@ -223,8 +250,12 @@ def live_row(rec: dict, system: str, run: int, finals: list[dict], wall: float) 
     norm = normalizer(rec["language"])
     runaway = [f for f in finals if len(norm(f["text"]).split()) > RUNAWAY_FACTOR * max(1, reference_words(rec, f["start"], f["end"]))]
     unjoined = [f for f in finals if "deltas" in f and f["deltas"] != f["text"]]
+    plain = [unstyled(f["text"]) for f in finals]
     return {"file": rec["name"], "system": system, "run": run, "wer_%": wer([rec["reference"]], [text], rec["language"]),
             "items": len(finals), "runaway": len(runaway), "unjoined": len(unjoined) if "realtime" in system else None,
+            "unstyled_%": round(100 * sum(plain) / max(1, len(finals)), 1), "unstyled": sum(plain),
+            "after_unstyled": sum(a and b for a, b in zip(plain, plain[1:])),
+            "unstyled_texts": [f["text"][:120] for f, p in zip(finals, plain) if p],
             "wall_s": round(wall, 1), "runaway_texts": [f["text"][:200] for f in runaway], "text": text}
 
 
@@ -248,6 +279,11 @@ def offline_rows(engine, fw, rec: dict, systems: list[str]) -> list[dict]:
     return rows
 
 
+def mean_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return round(sum(values) / len(values), 1) if values else None
+
+
 def summary(rows: list[dict]) -> list[dict]:
     out = []
     for key in dict.fromkeys((r["file"], r["system"]) for r in rows):
@@ -257,6 +293,7 @@ def summary(rows: list[dict]) -> list[dict]:
                     "wer_min": min(wers), "wer_max": max(wers), "spread": max(wers) - min(wers),
                     "items": runs[0].get("items"), "runaway": sum(r.get("runaway") or 0 for r in runs) if "items" in runs[0] else None,
                     "unjoined": sum(r["unjoined"] for r in runs) if runs[0].get("unjoined") is not None else None,
+                    "unstyled_%": mean_of(runs, "unstyled_%"), "after_unstyled": mean_of(runs, "after_unstyled"),
                     "identical_runs": len({r["text"] for r in runs}) == 1})
         for k in ("engine_ms_per_window", "encode_ms_per_window", "decode_ms_per_window", "latency_p50_ms", "latency_p95_ms"):
             values = [r[k] for r in runs if r.get(k) is not None]
@@ -273,6 +310,8 @@ def main() -> None:
     parser.add_argument("--condition", default="off", help="previous-text conditioning of the live runs: on, off or on,off")
     parser.add_argument("--context", default="default", help="acoustic context of the /v1/stream runs: on, off, "
                         "on,off, or default (the server's; /v1/realtime always runs the server's)")
+    parser.add_argument("--audio", default="pcm16k", help="what /v1/stream sends: pcm16k, mulaw8k (8-kHz G.711 "
+                        "μ-law, a call-center client), or both; /v1/realtime always sends 16-kHz PCM")
     parser.add_argument("--pace", type=float, default=4.0, help="times real time")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partials", default="off", help="on: /v1/stream decodes partials too (finals never "
@@ -306,26 +345,32 @@ def main() -> None:
     transports = [t for t in args.transports.split(",") if t in ("stream", "realtime")]
     conditions = [c == "on" for c in args.condition.split(",")]
     contexts = [None if c == "default" else c == "on" for c in args.context.split(",")]
+    audios = args.audio.split(",")
+    if not set(audios) <= set(AUDIO):
+        parser.error(f"--audio takes {', '.join(AUDIO)}, not {args.audio}")
     rows: list[dict] = []
     with running(create_app(settings, engine)) as base:
         for spec in args.files.split(","):
             rec = recording(spec)
             print(f"{rec['name']}: {len(rec['audio']) / SAMPLE_RATE / 60:.1f} min", flush=True)
-            for transport, condition, context in [(t, c, x) for t in transports for c in conditions
-                                                  for x in (contexts if t == "stream" else [None])]:
+            for transport, condition, context, sent in [(t, c, x, a) for t in transports for c in conditions
+                                                        for x in (contexts if t == "stream" else [None])
+                                                        for a in (audios if t == "stream" else ["pcm16k"])]:
                 ctx = "" if context is None else ("+ctx" if context else "-ctx")
-                system = f"{transport}{'+cond' if condition else ''}{ctx}@{args.pace:g}x"
+                phone = "+mulaw8k" if sent == "mulaw8k" else ""
+                system = f"{transport}{'+cond' if condition else ''}{ctx}{phone}@{args.pace:g}x"
                 for run in range(args.runs):
                     t0, before = time.perf_counter(), engine.metrics()
                     if transport == "stream":
                         finals = asyncio.run(stream_native(base, rec, args.pace, condition, engine, args.partials == "on",
-                                                           context))
+                                                           context, sent))
                     else:
                         finals = asyncio.run(stream_realtime(base, rec, args.pace, condition))
                     rows.append({**live_row(rec, system, run, finals, time.perf_counter() - t0),
                                  **cost(before, engine.metrics(), finals)})
                     write_json(args.out, {"model": args.model, "pace": args.pace, "runs": rows})  # so far
-                    print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined", "wall_s",
+                    print(table(rows[-1:], ["file", "system", "run", "wer_%", "items", "runaway", "unjoined",
+                                            "unstyled_%", "after_unstyled", "wall_s",
                                             "engine_ms_per_window", "encode_ms_per_window", "decode_ms_per_window",
                                             "latency_p50_ms", "latency_p95_ms"]), flush=True)
             rows += offline_rows(engine, fw, rec, offline)
@@ -333,7 +378,7 @@ def main() -> None:
     result = {"environment": environment(), "model": args.model, "pace": args.pace, "audio_dir": str(AUDIO_DIR),
               "summary": summary(rows), "runs": rows}
     print("\n" + table(result["summary"], ["file", "system", "runs", "wer_%", "wer_min", "wer_max", "spread", "items",
-                                           "runaway", "unjoined", "identical_runs", "engine_ms_per_window",
+                                           "runaway", "unjoined", "unstyled_%", "after_unstyled", "identical_runs", "engine_ms_per_window",
                                            "latency_p50_ms", "latency_p95_ms"]))
     print("wrote", write_json(args.out, result))
 

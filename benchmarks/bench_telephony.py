@@ -16,31 +16,20 @@ import asyncio
 import time
 
 import numpy as np
-from common import environment, manifest, table, wer, write_json
+from common import environment, manifest, table, telephone_bytes, wer, write_json
 
 CONDITIONS = ("pcm_16k", "pcm_8k", "mulaw_8k", "alaw_8k")
 
 
 def telephone(audio: np.ndarray, condition: str) -> np.ndarray:
     """16-kHz float audio -> what the server hands the engine for `condition`."""
-    import av
-
-    from streamer.audio import g711
     from streamer.audio.decode import StreamResampler
 
     if condition == "pcm_16k":
         return audio
-    down = av.AudioResampler(format="flt", layout="mono", rate=8000)
-    frame = av.AudioFrame.from_ndarray(audio[None, :].astype(np.float32), format="flt", layout="mono")
-    frame.sample_rate = 16000
-    audio8k = np.concatenate([f.to_ndarray().reshape(-1) for f in down.resample(frame) + down.resample(None)])
-    if condition == "pcm_8k":
-        data, encoding = (np.clip(audio8k, -1, 1) * 32767).astype("<i2").tobytes(), "pcm_s16le"
-    else:
-        encoding = condition.split("_")[0]
-        data = g711.encode(audio8k, encoding)
+    encoding = "pcm_s16le" if condition == "pcm_8k" else condition.split("_")[0]
     up = StreamResampler(8000, 1, encoding)
-    return np.concatenate([up.push(data), up.flush()])
+    return np.concatenate([up.push(telephone_bytes(audio, encoding)), up.flush()])
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from streamer.loadtest import corpus  # noqa: E402
 from streamer.loadtest.corpus import concat, decode_audio  # noqa: E402
 from streamer.loadtest.report import environment, normalizer, table, wer  # noqa: E402
 
-__all__ = ["ROOT", "AUDIO_DIR", "RESULTS", "manifest", "ct2_dir", "write_json",  # the package's, re-exported:
+__all__ = ["ROOT", "AUDIO_DIR", "RESULTS", "manifest", "ct2_dir", "write_json", "telephone_bytes",  # the package's, re-exported:
            "concat", "decode_audio", "environment", "normalizer", "table", "wer"]
 
 AUDIO_DIR = Path(os.environ.get("STREAMER_AUDIO_DIR", ROOT.parent / "shared" / "audio"))
@@ -23,6 +23,23 @@ RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", ROOT / "benchmarks" / "result
 
 def manifest(language: str | None = None, folder: str = "asterisk/") -> list[dict]:
     return corpus.manifest(AUDIO_DIR, language, folder)
+
+
+def telephone_bytes(audio, encoding: str) -> bytes:
+    """16-kHz float audio as a telephone client sends it: band-limited to 8 kHz by libswresample,
+    then G.711 (`mulaw`, `alaw`) or 16-bit PCM (`pcm_s16le`) at 8000 Hz."""
+    import av
+    import numpy as np
+
+    from streamer.audio import g711
+
+    down = av.AudioResampler(format="flt", layout="mono", rate=8000)
+    frame = av.AudioFrame.from_ndarray(np.asarray(audio, np.float32)[None, :], format="flt", layout="mono")
+    frame.sample_rate = 16000
+    audio8k = np.concatenate([f.to_ndarray().reshape(-1) for f in down.resample(frame) + down.resample(None)])
+    if encoding == "pcm_s16le":
+        return (np.clip(audio8k, -1, 1) * 32767).astype("<i2").tobytes()
+    return g711.encode(audio8k, encoding)
 
 
 def ct2_dir(name: str) -> str:

@@ -374,6 +374,42 @@ def test_acoustic_context_opens_a_final_with_the_previous_finals_and_keeps_only_
     assert w.context_s > 15 and w.prompt
 
 
+def test_unstyled_text_is_judged_in_cased_scripts_only():
+    from streamer.model.decoding import unstyled
+
+    assert unstyled("and so am i fell america") and unstyled("ask not") and unstyled("привет мир")
+    assert not unstyled("And so my fellow Americans.") and not unstyled("ask not.") and not unstyled("ask not, what")
+    assert not unstyled("ask Not") and not unstyled("¿qué pasa")  # one mark of style is enough
+    assert not unstyled("你好世界") and not unstyled("iphoneを買った")  # scripts without case, even mixed
+    assert not unstyled("") and not unstyled("42")
+
+
+def test_an_unstyled_final_is_neither_context_nor_prompt(vad, jfk):
+    """tiny.en writes some 8-kHz finals lower case and unpunctuated; as a forced prefix or a prompt
+    that register would carry on to every later final. Such a final goes out, but the next final
+    has no acoustic context over its audio and no prompt of its text; the styled finals before it
+    still prompt, and the chain of context starts again after it."""
+    clip = jfk[: speech_segments(jfk, VADConfig(), vad)[0][1]]
+    session = Session(StreamingConfig(acoustic_context=True, condition_on_previous=True, partials=False), vad)
+    w1, _ = utterance(session, clip)
+    session.on_result(w1.window_id, spoken(" And so my fellow Americans.", 0.3, 2.0, [1, 2]))
+    w2, _ = utterance(session, clip)
+    assert w2.context_s > 0 and len(w2.context) == 1
+    (f2,) = session.on_result(w2.window_id, spoken(" ask not", w2.context_s + 0.2, w2.context_s + 1.0, [3]))
+    assert f2.text == "ask not"  # shown as decoded
+    w3, _ = utterance(session, clip)
+    assert w3.context_s == 0 and w3.context == () and w3.prompt == "And so my fellow Americans."
+    session.on_result(w3.window_id, spoken(" What your country can do.", 0.2, 1.5, [4]))
+    w4, _ = utterance(session, clip)
+    assert w4.start == w3.start and [c[2] for c in w4.context] == [(4,)]
+    # Text without case is never judged by its style; a short styled final is context as any other.
+    for text in (" 你好世界", " Okay."):
+        session.on_result(w4.window_id, spoken(text, w4.context_s + 0.2, w4.context_s + 1.0, [5]))
+        w5, _ = utterance(session, clip)
+        assert w5.start == w3.start and [c[2] for c in w5.context][-1] == (5,)
+        w4 = w5
+
+
 def test_a_final_that_stops_early_is_continued_and_joined(vad, jfk):
     """Kennedy's whole sentence as one utterance (a long silence rule): a decode that stops after
     "... can do for you," leaves VAD speech out, so the rest is decoded as a continuation of the

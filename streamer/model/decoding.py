@@ -34,6 +34,8 @@ REPEAT_MIN_TIMES = 3
 REPEAT_MIN_WORDS = 8
 CONDITION_MAX_TEMPERATURE = 0.5
 """openai/whisper's rule: text that needed a hotter retry than this does not prompt the next window."""
+STYLE_PUNCTUATION = frozenset(".,?!¿¡;:")
+"""Marks of Whisper's written style in cased scripts (`unstyled`)."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,17 @@ def repeats_itself(text: str) -> bool:
             if times >= REPEAT_MIN_TIMES and times * n >= REPEAT_MIN_WORDS:
                 return True
     return False
+
+
+def unstyled(text: str) -> bool:
+    """Text in a cased script written with no upper-case letter and no punctuation ("and so am i
+    fell america"): Whisper's caption-like register, which tiny.en falls into on narrowband audio.
+    Only text whose letters all have case is judged: Chinese or Japanese (even with a Latin word
+    in it) is never unstyled, nor is text with no letters."""
+    letters = [c for c in text if c.isalpha()]
+    if not letters or not all(c.islower() or c.isupper() for c in letters):
+        return False
+    return not any(c.isupper() for c in letters) and not any(c in STYLE_PUNCTUATION for c in text)
 
 
 def needs_fallback(ratio: float, avg_logprob: float, no_speech_prob: float, options, truncated: bool = True) -> bool:

@@ -26,6 +26,10 @@ whose decode writes nothing after the prefix is decoded again in the same audio 
 alone): base stopped at once after 12 s of context on a Spanish sentence that it wrote in full
 without the prefix (messy-es-10-0, session 9).
 
+A final written unstyled (lower case, no punctuation: `decoding.unstyled`) is neither context nor
+prompt for later finals: tiny.en slips into that register on 8-kHz audio, and through the prefix
+it carried on to every later final of the stream (docs/notes/live33.md).
+
 A final whose segments stop early is continued (`streaming/continuation.py`): the session keeps
 the VAD's per-frame speech probabilities of the finals in flight to tell words left out from the
 padding after the last word.
@@ -42,7 +46,7 @@ import numpy as np
 from streamer.audio.vad import (FRAME, SAMPLE_RATE, ManualSegmenter, SileroVAD, UtteranceSegmenter, VADEvent, VADState,
                                 frame_rms)
 from streamer.config import StreamingConfig
-from streamer.model.decoding import CONDITION_MAX_TEMPERATURE
+from streamer.model.decoding import CONDITION_MAX_TEMPERATURE, unstyled
 from streamer.streaming.continuation import CONTINUE_MIN_SPEECH_S, MAX_CONTINUATIONS, continuation_window, joined, rest_start
 from streamer.streaming.events import (Event, Final, Partial, SpeechStarted, SpeechStopped, SubmitWindow, WindowId,
                                       window_context)
@@ -462,7 +466,13 @@ class Session:
         text = "".join(s.text for s in segments).strip() if window.context_s else result.text.strip()
         if not text or result.verdict.silence:
             return []
-        if result.verdict.conditions:
+        if unstyled(text):
+            # Whisper's caption register (lower case, no punctuation: tiny.en on 8-kHz audio) would
+            # carry on through the forced prefix or the prompt to every later final. Its text
+            # neither prompts nor is heard, and no later final takes context over its audio; a later
+            # final goes alone, as without acoustic context, where the model writes in its usual style.
+            self._heard.clear()
+        elif result.verdict.conditions:
             self._context.append((window.utterance_start, text))
             self._context_end = window.end
             limit = CHARS_PER_TOKEN * self.config.prompt_max_tokens

@@ -111,12 +111,12 @@ def bench_ours(loaded, audios: list[np.ndarray], batches: list[int], tokens: int
     # "PRESET+overlapN": and N SMs for the decode steps while a pass runs (EngineConfig.step_sms);
     # "PRESET+nofill": every step decodes, also while windows are still admitted (fill_files_first off).
     precision, _, variant = (precision or "").partition("+")
-    overlap = variant.startswith("overlap")
-    if variant and variant != "nofill" and not (overlap and variant.removeprefix("overlap").isdigit()) and variant != "overlap":
+    overlap, sms = variant.startswith("overlap"), variant.removeprefix("overlap")
+    if variant not in ("", "nofill") and not (overlap and (sms == "" or sms.isdigit())):
         raise ValueError(f"{variant!r}: a variant is overlap, overlapN (N SMs for the steps) or nofill")
     engine = Engine(loaded, EngineConfig(max_slots=max(batches), max_encoder_batch=encoder_batch,
                                          overlap_encoder=overlap, fill_files_first=variant != "nofill",
-                                         step_sms=int(variant.removeprefix("overlap") or 0) if overlap else 0),
+                                         step_sms=int(sms or 0) if overlap else 0),
                     precision=None if precision in ("", "none") else precision)
     label = f"ours {precision or 'plain'}" + (f"+{variant}" if variant else "")
     loop = asyncio.new_event_loop()

@@ -279,15 +279,13 @@ class Runner:
             encode = []
             out.encode_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if not decode:
-            # Held (files filling the batch): nothing launched, and a step in flight stays in flight.
-            # Reading it back now would leave the GPU idle from its end until this admission's
-            # kernels are queued (37 ms of a 1.64-s run of 128 large-v3 windows, H100, session 33).
-            pass
-        elif self.slots and self.async_steps and all(s.group is None and s.request.priority == Priority.FILE
-                                                   for s in self.slots):
+        # Held (`decode` False: files filling the batch): nothing launched, and a step in flight stays
+        # in flight. Reading it back now would leave the GPU idle from its end until this admission's
+        # kernels are queued (37 ms of a 1.64-s run of 128 large-v3 windows, H100, session 33).
+        if decode and self.slots and self.async_steps and all(s.group is None and s.request.priority == Priority.FILE
+                                                              for s in self.slots):
             self._decode_async(out)
-        else:
+        elif decode:
             self._finish_in_flight(out)  # before a step read back at once (or nothing live: its sequences ended)
             if self.slots:
                 n = len(self.slots)

@@ -32,8 +32,9 @@ def telephone_bytes(audio, encoding: str) -> bytes:
     import numpy as np
 
     from streamer.audio import g711
+    from streamer.audio.decode import audio_resampler
 
-    down = av.AudioResampler(format="flt", layout="mono", rate=8000)
+    down = audio_resampler(format="flt", layout="mono", rate=8000)
     frame = av.AudioFrame.from_ndarray(np.asarray(audio, np.float32)[None, :], format="flt", layout="mono")
     frame.sample_rate = 16000
     audio8k = np.concatenate([f.to_ndarray().reshape(-1) for f in down.resample(frame) + down.resample(None)])

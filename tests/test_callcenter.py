@@ -24,7 +24,7 @@ import websockets
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from streamer.audio import g711
-from streamer.audio.decode import decode_audio, write_wav
+from streamer.audio.decode import audio_resampler, decode_audio, write_wav
 from streamer.client import StreamClient
 from streamer.config import load_settings
 from streamer.server.app import create_app, running
@@ -47,7 +47,7 @@ def s16(audio: np.ndarray) -> bytes:
 
 def to_8k(audio: np.ndarray) -> np.ndarray:
     """16 kHz -> 8 kHz through libswresample (its low-pass first), as a phone network band-limits."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=8000)
+    resampler = audio_resampler(format="flt", layout="mono", rate=8000)
     frame = av.AudioFrame.from_ndarray(audio[None, :].astype(np.float32), format="flt", layout="mono")
     frame.sample_rate = RATE
     return np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame) + resampler.resample(None)])

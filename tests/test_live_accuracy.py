@@ -136,17 +136,13 @@ def test_acoustic_context_decodes_finals_inside_the_preceding_audio(engine, mani
 def telephone(audio: np.ndarray) -> np.ndarray:
     """16-kHz audio as the server hears a call-center client: band-limited to 8 kHz (libswresample),
     G.711 μ-law, and back to 16 kHz through `/v1/stream`'s own resampler (`encoding: "mulaw"`)."""
-    import av
+    from test_callcenter import to_8k
 
     from streamer.audio import g711
     from streamer.audio.decode import StreamResampler
 
-    down = av.AudioResampler(format="flt", layout="mono", rate=8000)
-    frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
-    frame.sample_rate = SR
-    audio8k = np.concatenate([f.to_ndarray().reshape(-1) for f in down.resample(frame) + down.resample(None)])
     up = StreamResampler(8000, 1, "mulaw")
-    return np.concatenate([up.push(g711.encode(audio8k, "mulaw")), up.flush()])
+    return np.concatenate([up.push(g711.encode(to_8k(audio), "mulaw")), up.flush()])
 
 
 def test_an_unstyled_telephone_final_does_not_set_the_style_of_the_later_ones(engine, manifest):
